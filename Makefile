@@ -1,0 +1,31 @@
+# LibreYOLO developer commands. `make test` and `make demo` install what they need first.
+PY ?= python3
+TORCH_PIN = torch==2.14.1 torchvision==0.29.1
+STAMP = .make-installed
+
+.PHONY: install test test-gpu lint demo docs bench-loader
+
+$(STAMP): pyproject.toml
+	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+install: $(STAMP)  ## idempotent: re-runs only when pyproject.toml changed
+
+test: install  ## the CPU suite (GPU tests are skipped without CUDA)
+	$(PY) -m pytest -q -m "not gpu" --timeout=600 tests
+
+test-gpu:  ## on a CUDA machine with the deps present: GPU tests only, no install step
+	PYTHONPATH=src $(PY) -m pytest -q -m gpu tests/gpu
+
+lint: install
+	$(PY) -m ruff check src tests benchmarks
+
+demo: install  ## a short training of YOLOv9-t on the built-in shapes dataset
+	libreyolo train model=yolo9-t data=shapes epochs=3 imgsz=320 batch=8 workers=2 project=runs/demo
+
+docs: install  ## regenerate docs/hyperparameters.md from the config
+	libreyolo cfg --markdown > docs/hyperparameters.md
+
+bench-loader: install
+	$(PY) benchmarks/loader.py --workers 0 2 4

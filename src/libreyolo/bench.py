@@ -1,0 +1,223 @@
+"""`libreyolo bench step`: time the real training step, one arm per process.
+
+Method (what every figure in docs/training-performance.md means):
+- the dataloader is left out: one real batch (augmented, from the dataset) is saved and replayed;
+- every arm runs in its own process from the same saved initial weights and batch, so no arm
+  inherits another's allocator, autotuner or compiled state;
+- after `warmup` steps, `steps` steps are timed without any added synchronisation: a CUDA event is
+  recorded at the start of each step, the host synchronises once at the end, and step i's time is
+  the gap between consecutive start events (on a CPU, host clocks around each step). We report the
+  fastest and the median;
+- kernel busy time: the same number of steps again under the PyTorch profiler with CUDA activity
+  only; the union of kernel/memcpy/memset intervals per step. Utilisation = busy / median step;
+- synced breakdown: the same number of steps again with a device synchronisation around each
+  phase (forward, loss, backward, optimizer+EMA); it adds idle time, so it explains the step's
+  composition, never its speed;
+- peak memory: `torch.cuda.max_memory_allocated` over the timed steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+# Arms are deltas on the user's config. `eager` is the config as given.
+ARMS: dict[str, dict[str, Any]] = {
+    "eager": {},
+    "fp32": {"amp": False},
+    "float16": {"amp": True, "amp_dtype": "float16"},
+    "bfloat16": {"amp": True, "amp_dtype": "bfloat16"},
+    "graph": {"cuda_graph": True},
+}
+
+
+def prepare(user: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Resolve config + model, save the initial weights and one real batch into `workdir`."""
+    import torch
+
+    from .config import build_config
+    from .data import build_train_loader, load_data_config
+    from .model import LibreYOLO
+
+    lib = LibreYOLO(user["model"])
+    cfg = build_config({**user, "workers": 0, "val": False}, lib.source.spec.defaults)
+    data_cfg = load_data_config(cfg.data)
+    torch.manual_seed(cfg.seed)
+    model = lib._build(len(data_cfg.names))
+    loader = build_train_loader(data_cfg, cfg)
+    loader.set_epoch(0)
+    batch = next(iter(loader))
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, workdir / "init.pt")
+    torch.save({"images": batch.images, "boxes": batch.targets.boxes, "labels": batch.targets.labels,
+                "valid": batch.targets.valid}, workdir / "batch.pt")
+    meta = {"config": cfg.to_dict(), "family": lib.source.spec.name, "size": lib.source.size,
+            "num_classes": len(data_cfg.names), "arch": lib.arch}
+    (workdir / "meta.json").write_text(json.dumps(meta))
+    return meta
+
+
+class _SyncedPhases:
+    """A phase recorder that synchronises around each phase: composition, not speed."""
+
+    def __init__(self, sync):
+        self.sync = sync
+        self.times: dict[str, list[float]] = defaultdict(list)
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        self.sync()
+        t0 = time.perf_counter()
+        yield
+        self.sync()
+        self.times[name].append((time.perf_counter() - t0) * 1e3)
+
+
+def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
+    """One arm, in this process (called in a fresh subprocess by `bench_step`)."""
+    import torch
+
+    from .config import build_config
+    from .data import Batch
+    from .engine.device import select_device
+    from .engine.step import train_step
+    from .engine.trainer import build_step_context, seed_everything
+    from .families import get_family
+    from .families.base import Targets
+    from .profiler import markers
+    from .profiler.analyze import gpu_intervals, union_length
+
+    meta = json.loads((workdir / "meta.json").read_text())
+    cfg = build_config({**meta["config"], **ARMS[arm]})
+    device = select_device(cfg.device)
+    seed_everything(cfg.seed, cfg.deterministic)
+    spec = get_family(meta["family"])
+    model = spec.build(meta["size"], meta["num_classes"])
+    model.load_state_dict(torch.load(workdir / "init.pt", map_location="cpu", weights_only=True))
+    model = model.to(device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model.train()
+    ctx = build_step_context(cfg, spec, model, device)
+    saved = torch.load(workdir / "batch.pt", map_location="cpu", weights_only=True)
+    pin = device.type == "cuda"
+    batch = Batch(images=saved["images"].pin_memory() if pin else saved["images"],
+                  targets=Targets(saved["boxes"], saved["labels"], saved["valid"]))
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+
+    for _ in range(warmup):
+        train_step(ctx, batch, update=True)
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        for i in range(steps):
+            starts[i].record()
+            train_step(ctx, batch, update=True)
+        starts[steps].record()
+        sync()
+        step_ms = [starts[i].elapsed_time(starts[i + 1]) for i in range(steps)]
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        step_ms = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            train_step(ctx, batch, update=True)
+            step_ms.append((time.perf_counter() - t0) * 1e3)
+        peak_mb = None
+
+    busy_ms = None
+    if cuda:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                train_step(ctx, batch, update=True)
+            sync()
+        with tempfile.TemporaryDirectory() as tmp:
+            trace_path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(trace_path))
+            busy_ms = union_length(gpu_intervals(trace_path)) / 1e3 / steps
+
+    recorder = _SyncedPhases(sync)
+    markers.set_recorder(recorder)
+    try:
+        for _ in range(steps):
+            train_step(ctx, batch, update=True)
+    finally:
+        markers.set_recorder(None)
+    phases = {k: statistics.median(v) for k, v in recorder.times.items()}
+    phases["optimizer+ema"] = phases.pop("optimizer", 0.0) + phases.pop("ema", 0.0)
+    network = phases.get("forward", 0.0) + phases.get("backward", 0.0)
+    median = statistics.median(step_ms)
+    return {
+        "arm": arm, "arch": meta["arch"], "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "torch": torch.__version__, "batch": int(saved["images"].shape[0]), "imgsz": int(saved["images"].shape[-1]),
+        "precision": ctx.precision.describe(), "steps": steps, "warmup": warmup,
+        "step_ms_min": min(step_ms), "step_ms_median": median,
+        "kernel_busy_ms": busy_ms, "utilisation": None if busy_ms is None else busy_ms / median,
+        "synced_ms": phases, "network_share": network / max(sum(phases.values()), 1e-9),
+        "peak_mem_mb": peak_mb,
+    }
+
+
+def bench_step(user: dict[str, Any], arms: list[str], steps: int = 24, warmup: int = 10) -> list[dict[str, Any]]:
+    """Run each arm in its own process from the same saved state; returns one record per arm."""
+    from .errors import ConfigError
+
+    for arm in arms:
+        if arm not in ARMS:
+            raise ConfigError(f"unknown arm '{arm}' (allowed: {', '.join(ARMS)})")
+    with tempfile.TemporaryDirectory(prefix="libreyolo-bench-") as tmp:
+        workdir = Path(tmp)
+        prepare(user, workdir)
+        results = []
+        for arm in arms:
+            proc = subprocess.run([sys.executable, "-m", "libreyolo.bench", str(workdir), arm, str(steps), str(warmup)],
+                                  capture_output=True, text=True, env={**os.environ})
+            lines = proc.stdout.strip().splitlines()
+            if proc.returncode != 0 or not lines:
+                message = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                raise ConfigError(f"bench arm '{arm}' failed: {message}")
+            results.append(json.loads(lines[-1]))
+    base = results[0]["step_ms_median"]
+    for r in results:
+        r["speedup"] = base / r["step_ms_median"]
+    return results
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    head = ("arm", "precision", "step ms (min/med)", "speedup", "kernel busy ms", "util", "network share", "peak MiB")
+    rows = [head]
+    for r in results:
+        rows.append((r["arm"], r["precision"], f"{r['step_ms_min']:.2f} / {r['step_ms_median']:.2f}",
+                     f"{r['speedup']:.2f}x",
+                     "-" if r["kernel_busy_ms"] is None else f"{r['kernel_busy_ms']:.2f}",
+                     "-" if r["utilisation"] is None else f"{r['utilisation']:.2f}",
+                     f"{r['network_share']:.2f}", "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.0f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    r0 = results[0]
+    lines.insert(0, f"{r0['arch']}  batch {r0['batch']}  imgsz {r0['imgsz']}  on {r0['device']}  "
+                    f"(median of {r0['steps']} steps after {r0['warmup']} warm-up; one batch replayed)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # the per-arm worker process
+    from .errors import LibreYOLOError
+
+    _workdir, _arm, _steps, _warmup = sys.argv[1:5]
+    try:
+        print(json.dumps(run_arm(Path(_workdir), _arm, int(_steps), int(_warmup))))
+    except LibreYOLOError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(2)

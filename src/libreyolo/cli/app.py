@@ -1,0 +1,157 @@
+"""`libreyolo` command line: train, val, cfg, bench.
+
+User mistakes print one line (`error: ...`) on stderr and exit 2, without a traceback;
+`LIBREYOLO_DEBUG=1` re-raises so the traceback shows.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+import typer
+
+from .. import __version__
+from ..errors import LibreYOLOError
+
+EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Train object detectors fast, and know why a run is slow.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"libreyolo {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Train object detectors fast, and know why a run is slow."""
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Turn LibreYOLOError into one stderr line + exit 2 (traceback only with LIBREYOLO_DEBUG=1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except LibreYOLOError as exc:
+            if os.environ.get("LIBREYOLO_DEBUG"):
+                raise
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def setup_logging() -> None:
+    logger = logging.getLogger("libreyolo")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+@app.command(context_settings=EXTRA)
+@user_errors
+def train(ctx: typer.Context) -> None:
+    """Train a detector: libreyolo train model=yolo9-t data=shapes epochs=10 [key=value ...]
+
+    Every key of `libreyolo cfg` can be set as key=value (or --key value). model= takes an
+    architecture (yolo9-t), an official weights name (LibreYOLO9s.pt) or a checkpoint file;
+    data= a built-in dataset (shapes, coco128) or a dataset yaml. resume=true continues the
+    newest run's last.pt; resume=path/last.pt a given one. Prints the best checkpoint's path on
+    stdout when done (--json: one JSON object with run_dir, best and metrics).
+    """
+    from .grammar import parse_overrides
+
+    setup_logging()
+    tokens = [t for t in ctx.args if t != "--json"]
+    as_json = len(tokens) != len(ctx.args)
+    args = parse_overrides(tokens)  # before importing torch: a typo answers instantly
+    from ..model import LibreYOLO
+
+    model = args.pop("model", None)
+    resume = args.get("resume")
+    if model is None and isinstance(resume, str) and resume not in ("", "false"):
+        model = resume
+    if model is None:
+        raise LibreYOLOError("no model given: pass model=yolo9-t (architecture), model=LibreYOLO9s.pt or "
+                             "model=path/to/last.pt")
+    result = LibreYOLO(model).train(**args)
+    metrics = "  ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
+    typer.echo(f"done: {result.epochs_run} epochs, results in {result.run_dir}"
+               + (f"; {metrics}" if metrics else ""), err=True)
+    typer.echo(json.dumps({"run_dir": str(result.run_dir), "best": str(result.best),
+                           "metrics": result.metrics}) if as_json else str(result.best))
+
+
+@app.command(context_settings=EXTRA)
+@user_errors
+def val(ctx: typer.Context) -> None:
+    """Validate a model: libreyolo val model=runs/train/exp/weights/best.pt data=shapes [--json]
+
+    Keys: model, data, batch, imgsz, device, workers, conf, iou, max_det, amp, amp_dtype.
+    Prints mAP50-95 and mAP50; --json prints one JSON object on stdout for pipelines.
+    """
+    from ..config import VAL_KEYS
+    from .grammar import parse_overrides
+
+    setup_logging()
+    tokens = [t for t in ctx.args if t != "--json"]
+    as_json = len(tokens) != len(ctx.args)
+    args = parse_overrides(tokens, allowed=VAL_KEYS)
+    from ..model import LibreYOLO
+
+    model = args.pop("model", None)
+    if model is None:
+        raise LibreYOLOError("no model given: pass model=path/to/best.pt (or an architecture name)")
+    metrics = LibreYOLO(model).val(**args)
+    if as_json:
+        typer.echo(json.dumps(metrics))
+    else:
+        typer.echo(f"mAP50-95 {metrics['map50_95']:.4f}  mAP50 {metrics['map50']:.4f}  "
+                   f"({metrics['num_images']} images)")
+
+
+@app.command()
+@user_errors
+def cfg(as_json: bool = typer.Option(False, "--json", help="One JSON list of {key, default, type, group, doc}."),
+        markdown: bool = typer.Option(False, "--markdown", help="The docs/hyperparameters.md table.")) -> None:
+    """Print every training key with its default, type and one-line doc."""
+    from ..config import config_table
+
+    rows = config_table()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    if markdown:
+        from ..docs import hyperparameters_markdown
+
+        typer.echo(hyperparameters_markdown(), nl=False)
+        return
+    width = {c: max(len(r[c]) for r in rows) for c in ("key", "default", "type")}
+    for r in rows:
+        typer.echo(f"{r['key']:<{width['key']}}  {r['default']:<{width['default']}}  "
+                   f"{r['type']:<{width['type']}}  {r['doc']}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    from .bench import bench_app
+
+    app.add_typer(bench_app, name="bench")
+    app(args=argv, prog_name="libreyolo")

@@ -1,0 +1,44 @@
+"""`libreyolo bench step`: the step benchmark the docs quote (method in libreyolo/bench.py)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from .app import EXTRA, setup_logging, user_errors
+
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                        help="Benchmarks whose figures the docs quote.")
+
+
+@bench_app.command(context_settings=EXTRA)
+@user_errors
+def step(ctx: typer.Context,
+         arms: str = typer.Option("eager", help="Comma-separated arms: eager, fp32, float16, bfloat16, graph."),
+         steps: int = typer.Option(24, min=2, help="Timed steps per arm."),
+         warmup: int = typer.Option(10, min=1, help="Warm-up steps per arm before timing."),
+         as_json: bool = typer.Option(False, "--json", help="One JSON list of per-arm records on stdout.")) -> None:
+    """Time the real training step: libreyolo bench step model=yolo9-t batch=8 imgsz=640 [key=value ...]
+
+    The dataloader is left out: one real batch of `data` (default shapes) is replayed. Each arm runs
+    in its own process from the same saved initial state; the fastest and median of --steps steps
+    after --warmup are reported, with kernel-busy time and utilisation on CUDA, a synced breakdown
+    (forward / loss / backward / optimizer+EMA) and peak memory.
+    """
+    from ..bench import bench_step, format_table
+    from .grammar import parse_overrides
+
+    setup_logging()
+    # arms=... is accepted in the key=value style too.
+    arm_tokens = [t for t in ctx.args if t.startswith("arms=")]
+    arms = arm_tokens[-1].split("=", 1)[1] if arm_tokens else arms
+    tokens = [t for t in ctx.args if not t.startswith("arms=")]
+    user = parse_overrides(tokens)
+    user.setdefault("data", "shapes")
+    if "model" not in user:
+        from ..errors import ConfigError
+
+        raise ConfigError("no model given: pass model=yolo9-t (or a checkpoint)")
+    results = bench_step(user, [a.strip() for a in arms.split(",") if a.strip()], steps=steps, warmup=warmup)
+    typer.echo(json.dumps(results, indent=1) if as_json else format_table(results))

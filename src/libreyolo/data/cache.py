@@ -1,0 +1,89 @@
+"""Where LibreYOLO keeps generated/downloaded data, and the decoded-image cache (`cache=ram|disk`).
+
+Both cache modes hold the image exactly as `load_resized` returns it (uint8 CHW, long side =
+imgsz), so a cached run produces the same batches as an uncached one. Caches are filled up front
+in the main process with a thread pool (JPEG decoding releases the GIL): worker processes then
+inherit a read-only RAM cache instead of each filling a private copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+
+log = logging.getLogger("libreyolo")
+
+
+def cache_root() -> Path:
+    """$LIBREYOLO_CACHE, else ~/.cache/libreyolo."""
+    env = os.environ.get("LIBREYOLO_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "libreyolo"
+
+
+class ImageCache:
+    """Decoded, resized images kept in RAM or as .npy files; `None` mode = no cache."""
+
+    def __init__(self, mode, files: list[Path], imgsz: int, loader: Callable[[Path], torch.Tensor],
+                 tag: str = "images"):
+        self.mode = {False: None, None: None, True: "ram"}.get(mode, mode)  # True: as Ultralytics
+        if self.mode not in (None, "ram", "disk"):
+            raise ConfigError(f"bad value for 'cache': {mode!r} (allowed: false, ram, disk)")
+        self.files = files
+        self.loader = loader
+        self.ram: list[torch.Tensor] = []
+        self.folder = _disk_folder(files, imgsz) if self.mode == "disk" else None
+        if self.mode is not None:
+            self._fill(tag)
+
+    def get(self, i: int) -> torch.Tensor:
+        if self.mode == "ram":
+            return self.ram[i]
+        if self.mode == "disk":
+            return torch.from_numpy(np.load(self._npy(i)))
+        return self.loader(self.files[i])
+
+    def _npy(self, i: int) -> Path:
+        return self.folder / f"{i:07d}.npy"
+
+    def _fill(self, tag: str) -> None:
+        threads = min(8, os.cpu_count() or 1)
+        if self.mode == "ram":
+            with ThreadPoolExecutor(threads) as pool:
+                self.ram = list(pool.map(self.loader, self.files))
+            size = sum(t.numel() for t in self.ram)
+            log.info("%s: cached %d images in RAM (%.0f MB)", tag, len(self.ram), size / 1e6)
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        todo = [i for i in range(len(self.files)) if not self._npy(i).is_file()]
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(self._write_npy, todo))
+        log.info("%s: %d images cached on disk in %s (%d new)", tag, len(self.files),
+                 self.folder, len(todo))
+
+    def _write_npy(self, i: int) -> None:
+        # Write to a temp name and rename, so an interrupted fill never leaves a torn .npy.
+        target = self._npy(i)
+        tmp = target.with_name(f".{target.stem}.{os.getpid()}.tmp.npy")
+        np.save(tmp, self.loader(self.files[i]).numpy())
+        os.replace(tmp, target)
+
+
+def _disk_folder(files: list[Path], imgsz: int) -> Path:
+    """One folder per (file list, sizes, mtimes, imgsz): any change gets a fresh cache."""
+    h = hashlib.sha256(f"v1 {imgsz}".encode())
+    for f in files:
+        try:
+            st = f.stat()
+            h.update(f"{f}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{f}|missing\n".encode())
+    return cache_root() / "images" / h.hexdigest()[:16]

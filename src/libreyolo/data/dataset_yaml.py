@@ -1,0 +1,183 @@
+"""Dataset yaml resolution (Ultralytics-compatible).
+
+A dataset is a yaml with `path` (root), `train`, `val` (an images folder, a .txt file listing
+images, or a list of those, relative to `path`) and `names` (a list, or a dict {id: name} with ids
+0..n-1). `data=NAME` (no slash, no .yaml suffix) means the packaged `configs/datasets/NAME.yaml`.
+
+Relative roots: a user yaml's relative `path` resolves against the yaml's folder; a packaged
+yaml's relative `path` resolves against `$LIBREYOLO_CACHE/datasets` (the package folder is no
+place for data). Packaged yamls may say `builtin: shapes` (generated on first use) or
+`download: FILE.zip` + `sha256:` (fetched on first use, see download.py).
+
+Labels are not read here: scanning and verifying happen when a split is built (labels.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import DataError
+from .cache import cache_root
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
+
+
+@dataclass
+class DataConfig:
+    """A resolved dataset: image files of each split, class names, where it came from."""
+
+    name: str
+    yaml_path: Path
+    root: Path
+    train: list[Path]
+    val: list[Path]
+    names: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)  # other yaml keys, untouched
+
+    @property
+    def nc(self) -> int:
+        return len(self.names)
+
+
+def builtin_names() -> list[str]:
+    folder = _packaged_folder()
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_data_config(data: str | os.PathLike) -> DataConfig:
+    """Resolve `data` (a built-in name or a yaml path) into a DataConfig. Raises DataError."""
+    text = str(data)
+    packaged = _is_builtin_name(text)
+    if packaged:
+        yaml_path, raw = _read_packaged(text)
+    else:
+        yaml_path = Path(text).expanduser()
+        if not yaml_path.is_file():
+            raise DataError(f"dataset yaml not found: {yaml_path}")
+        raw = _parse_yaml(yaml_path.read_text(encoding="utf-8"), yaml_path)
+    name = text if packaged else yaml_path.stem
+    names = _parse_names(raw, yaml_path)
+    root = _resolve_root(raw, yaml_path, packaged)
+    _materialise(raw, root, name)
+    splits = {s: _split_files(raw, s, root, yaml_path) for s in ("train", "val")}
+    known = {"path", "train", "val", "names", "nc", "builtin", "download", "sha256"}
+    extra = {k: v for k, v in raw.items() if k not in known}
+    return DataConfig(name, yaml_path, root, splits["train"], splits["val"], names, extra)
+
+
+def _is_builtin_name(text: str) -> bool:
+    return "/" not in text and "\\" not in text and not text.lower().endswith((".yaml", ".yml"))
+
+
+def _packaged_folder():
+    return resources.files("libreyolo").joinpath("configs").joinpath("datasets")
+
+
+def _read_packaged(name: str) -> tuple[Path, dict]:
+    entry = _packaged_folder().joinpath(f"{name}.yaml")
+    if not entry.is_file():
+        known = ", ".join(builtin_names())
+        raise DataError(f"unknown dataset '{name}': built-in datasets are {known} "
+                        f"(or pass a path to a dataset .yaml)")
+    return Path(str(entry)), _parse_yaml(entry.read_text(encoding="utf-8"), name)
+
+
+def _parse_yaml(text: str, where: Any) -> dict:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark is not None else ""
+        raise DataError(f"dataset yaml {where} is not valid yaml{line}") from None
+    if not isinstance(raw, dict):
+        raise DataError(f"dataset yaml {where} must be a mapping with path, train, val and names")
+    return raw
+
+
+def _resolve_root(raw: dict, yaml_path: Path, packaged: bool) -> Path:
+    base = cache_root() / "datasets" if packaged else yaml_path.parent
+    path = str(raw.get("path") or "").strip()
+    if not path:  # a packaged yaml's data is named after it; a user's sits beside it
+        return (base / yaml_path.stem if packaged else base).resolve()
+    root = Path(path).expanduser()
+    return (root if root.is_absolute() else base / root).resolve()
+
+
+def _materialise(raw: dict, root: Path, name: str) -> None:
+    """Generate a builtin dataset or download a missing one before its files are listed."""
+    builtin = raw.get("builtin")
+    if builtin is not None:
+        if builtin != "shapes":
+            raise DataError(f"dataset {name}: unknown builtin '{builtin}' (known: shapes)")
+        from .shapes import ensure_shapes
+
+        ensure_shapes(root)
+        return
+    sha = raw.get("sha256")
+    if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha)):
+        raise DataError(f"dataset {name}: sha256 must be 64 hex digits in quotes, not {sha!r}")
+    if raw.get("download") and not _splits_present(raw, root):
+        from .download import fetch_dataset
+
+        fetch_dataset(str(raw["download"]), root, sha, name)
+
+
+def _splits_present(raw: dict, root: Path) -> bool:
+    entries = [raw.get("train"), raw.get("val")]
+    flat = [e for entry in entries for e in (entry if isinstance(entry, list) else [entry])]
+    return all(e is not None and (root / str(e)).exists() for e in flat)
+
+
+def _parse_names(raw: dict, where: Path) -> list[str]:
+    names = raw.get("names")
+    if isinstance(names, list) and names:
+        out = [str(n) for n in names]
+    elif isinstance(names, dict) and names:
+        try:
+            ids = sorted(int(k) for k in names)
+        except (TypeError, ValueError):
+            raise DataError(f"dataset yaml {where}: names keys must be class ids 0..n-1") from None
+        if ids != list(range(len(ids))):
+            raise DataError(f"dataset yaml {where}: names ids must be 0..{len(ids) - 1} "
+                            f"without gaps (got {ids})")
+        out = [str(names[k]) for k in sorted(names, key=int)]
+    else:
+        raise DataError(f"dataset yaml {where}: 'names' must be a non-empty list or {{id: name}}")
+    if "nc" in raw and raw["nc"] != len(out):
+        raise DataError(f"dataset yaml {where}: nc is {raw['nc']} but names has {len(out)} entries")
+    return out
+
+
+def _split_files(raw: dict, split: str, root: Path, where: Path) -> list[Path]:
+    entry = raw.get(split)
+    if entry is None or entry == "" or entry == []:
+        raise DataError(f"dataset yaml {where}: '{split}' is missing")
+    files: list[Path] = []
+    for item in entry if isinstance(entry, list) else [entry]:
+        files += _list_images(root / str(item), split)
+    if not files:
+        where = root / str(entry) if not isinstance(entry, list) else f"{entry} under {root}"
+        raise DataError(f"{split}: no images ({', '.join(IMAGE_SUFFIXES)}) in {where}")
+    return files
+
+
+def _list_images(source: Path, split: str) -> list[Path]:
+    if source.is_dir():
+        return sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    if source.is_file() and source.suffix == ".txt":
+        # One image per line; a relative line is relative to the list file's folder.
+        lines = source.read_text(encoding="utf-8").splitlines()
+        out = []
+        for line in (ln.strip() for ln in lines):
+            if line and not line.startswith("#"):
+                p = Path(line).expanduser()
+                out.append((p if p.is_absolute() else source.parent / p).resolve())
+        return out
+    raise DataError(f"{split}: images not found at {source}")

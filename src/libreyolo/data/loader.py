@@ -1,0 +1,227 @@
+"""Loaders: batches in the dense, padded format the trainer consumes.
+
+`Batch.images` is uint8 [B, 3, S, S] (4x fewer bytes to move host-to-device than float; the step
+does `.float() / 255` on the GPU). `Batch.targets` is `families.base.Targets` with
+M = max boxes in the batch rounded up to a multiple of 8 (at least 8), so assigners see few
+distinct shapes. One Batch type serves both loaders: the four mapping fields are None for
+training batches and filled for validation batches (letterboxed box -> original pixels:
+`x_orig = (x - pads[:, 0]) / ratios`, likewise y with pads[:, 1]).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torchvision.transforms.v2 import functional as TF
+
+from ..families.base import Targets
+from .dataset import SampleKey, TrainDataset, ValDataset
+from .dataset_yaml import DataConfig
+from .labels import scan_split
+
+log = logging.getLogger("libreyolo")
+
+
+class Batch(NamedTuple):
+    images: torch.Tensor  # uint8 [B, 3, S, S]
+    targets: Targets
+    image_ids: torch.Tensor | None = None  # int64 [B], index into the val split
+    orig_sizes: torch.Tensor | None = None  # float32 [B, 2] (h, w) of the original images
+    ratios: torch.Tensor | None = None  # float32 [B], letterbox scale
+    pads: torch.Tensor | None = None  # float32 [B, 2] (left, top) letterbox padding
+
+    def to(self, device, non_blocking: bool = False) -> Batch:
+        def move(t):
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        return Batch(move(self.images), self.targets.to(device, non_blocking), *map(move, self[2:]))
+
+
+def pad_targets(boxes: list[np.ndarray], labels: list[np.ndarray]) -> Targets:
+    b = len(boxes)
+    m = max(8, math.ceil(max((len(x) for x in boxes), default=0) / 8) * 8)
+    out_boxes = torch.zeros((b, m, 4), dtype=torch.float32)
+    out_labels = torch.zeros((b, m), dtype=torch.int64)
+    valid = torch.zeros((b, m), dtype=torch.bool)
+    for i, (bx, lb) in enumerate(zip(boxes, labels)):
+        n = len(bx)
+        out_boxes[i, :n] = torch.from_numpy(np.asarray(bx, np.float32).reshape(n, 4))
+        out_labels[i, :n] = torch.from_numpy(np.asarray(lb, np.int64))
+        valid[i, :n] = True
+    return Targets(out_boxes, out_labels, valid)
+
+
+def collate_train(items) -> Batch:
+    """Stack samples; a batch whose key asked for another size (multi-scale) is resized here."""
+    images = torch.stack([it[0] for it in items])
+    boxes = [it[1] for it in items]
+    size, current = items[0][3], images.shape[-1]
+    if size != current:
+        images = TF.resize(images, [size, size], antialias=True)
+        boxes = [b * (size / current) for b in boxes]
+    return Batch(images, pad_targets(boxes, [it[2] for it in items]))
+
+
+def collate_val(items) -> Batch:
+    images, boxes, labels, ids, sizes, ratios, pads = zip(*items)
+    return Batch(torch.stack(images), pad_targets(list(boxes), list(labels)),
+                 torch.tensor(ids, dtype=torch.int64), torch.tensor(sizes, dtype=torch.float32),
+                 torch.tensor(ratios, dtype=torch.float32), torch.tensor(pads, dtype=torch.float32))
+
+
+def multi_scale_sizes(imgsz: int) -> list[int]:
+    """Square sizes, multiples of 32, within [0.5, 1.5] x imgsz."""
+    lo, hi = math.ceil(imgsz * 0.5 / 32), math.floor(imgsz * 1.5 / 32)
+    return [32 * k for k in range(max(1, lo), hi + 1)]
+
+
+# Mosaic/mixup partners come from the batch's images plus random others up to this many
+# (dataset.py): small enough that a worker decodes ~2 images per sample at batch 8, large
+# enough that a batch's mosaics do not all reuse the same few images.
+POOL_MIN = 16
+
+
+class EpochBatchSampler:
+    """Shuffles per (seed, epoch) and emits SampleKeys carrying the epoch's augmentation state.
+
+    It runs in the main process, and DataLoader calls `__iter__` when an epoch's iterator is
+    created, so whatever `TrainLoader.set_epoch` set before reaches even persistent workers."""
+
+    def __init__(self, n: int, batch: int, seed: int, imgsz: int, multi_scale: bool):
+        self.n, self.batch, self.seed, self.imgsz = n, batch, seed, imgsz
+        self.sizes = multi_scale_sizes(imgsz) if multi_scale else [imgsz]
+        self.epoch, self.mosaic, self.mixup = 0, 0.0, 0.0
+
+    def __len__(self) -> int:
+        return math.ceil(self.n / self.batch)
+
+    def __iter__(self):
+        rng = np.random.default_rng([self.seed, self.epoch, 7919])  # 7919: the sampler stream
+        order = rng.permutation(self.n).tolist()
+        for start in range(0, self.n, self.batch):
+            size = self.sizes[int(rng.integers(len(self.sizes)))] if len(self.sizes) > 1 \
+                else self.imgsz
+            indices = order[start:start + self.batch]
+            pool = ()
+            if self.mosaic > 0 or self.mixup > 0:
+                extra = rng.integers(self.n, size=max(0, POOL_MIN - len(indices))).tolist()
+                pool = tuple(indices + extra)
+            yield [SampleKey(i, self.epoch, self.mosaic, self.mixup, size, pool) for i in indices]
+
+
+def _seed_worker(worker_id: int) -> None:
+    # torch seeds each worker from the loader's generator; pass it on to numpy and random for
+    # any third-party code (our augmentation draws from per-sample generators).
+    s = torch.initial_seed() % 2**32
+    np.random.seed(s)
+    random.seed(s)
+
+
+def _one_thread(it):
+    """Yield from a main-process (workers=0) iterator with torch limited to one thread while it
+    produces each batch. The per-image ops are too small to gain from intra-op threads, and on
+    a busy machine OpenMP threads waiting for a descheduled peer made them 6x slower here; the
+    caller's thread count is restored before the batch is handed over."""
+    while True:
+        prev = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        finally:
+            torch.set_num_threads(prev)
+        yield batch
+
+
+def _dataloader(dataset, cfg, seed: int, **kw) -> torch.utils.data.DataLoader:
+    workers = max(0, min(int(cfg.workers), os.cpu_count() or 1))
+    return torch.utils.data.DataLoader(
+        dataset, num_workers=workers, persistent_workers=workers > 0,
+        pin_memory=torch.cuda.is_available(), worker_init_fn=_seed_worker,
+        generator=torch.Generator().manual_seed(seed), **kw)
+
+
+class TrainLoader:
+    """Iterable of training Batches; call `set_epoch(epoch)` at each epoch start."""
+
+    def __init__(self, dataset: TrainDataset, cfg):
+        self.dataset = dataset
+        self.cfg = cfg
+        self.num_images = len(dataset)
+        self.sampler = EpochBatchSampler(len(dataset), int(cfg.batch), int(cfg.seed),
+                                         int(cfg.imgsz), bool(cfg.multi_scale))
+        self.loader = _dataloader(dataset, cfg, int(cfg.seed), batch_sampler=self.sampler,
+                                  collate_fn=collate_train)
+        self._fresh = self._closed = False
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reseed augmentation for `epoch`; close mosaic and mixup for the last no_aug_epochs."""
+        cfg = self.cfg
+        closed = epoch >= cfg.epochs - cfg.no_aug_epochs
+        if closed and not self._closed and (cfg.mosaic or cfg.mixup):
+            if epoch == 0:
+                log.info("mosaic and mixup off: epochs=%d <= no_aug_epochs=%d", cfg.epochs,
+                         cfg.no_aug_epochs)
+            else:
+                log.info("epoch %d: mosaic and mixup closed for the last %d epochs", epoch + 1,
+                         cfg.no_aug_epochs)
+        self._closed = closed
+        self.sampler.epoch = epoch
+        self.sampler.mosaic = 0.0 if closed else float(cfg.mosaic)
+        self.sampler.mixup = 0.0 if closed else float(cfg.mixup)
+        self._fresh = True
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        if not self._fresh:  # iterated again without set_epoch: move on to the next epoch
+            self.set_epoch(self.sampler.epoch + 1)
+        self._fresh = False
+        it = iter(self.loader)
+        return it if self.loader.num_workers else _one_thread(it)
+
+
+class ValLoader:
+    """Iterable of validation Batches in file order, with the ground truth for the evaluator."""
+
+    def __init__(self, dataset: ValDataset, cfg, batch: int):
+        self.dataset = dataset
+        self.num_images = len(dataset)
+        self.files = dataset.split.files
+        self.loader = _dataloader(dataset, cfg, int(cfg.seed), batch_size=batch, shuffle=False,
+                                  collate_fn=collate_val)
+
+    def ground_truth(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return self.dataset.ground_truth()
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        it = iter(self.loader)
+        return it if self.loader.num_workers else _one_thread(it)
+
+
+def build_train_loader(data_cfg: DataConfig, cfg) -> TrainLoader:
+    split = scan_split("train", data_cfg.train, data_cfg.nc)
+    dataset = TrainDataset(split, int(cfg.imgsz), cfg, seed=int(cfg.seed), cache=cfg.cache)
+    return TrainLoader(dataset, cfg)
+
+
+def build_val_loader(data_cfg: DataConfig, cfg, batch: int | None = None) -> ValLoader:
+    split = scan_split("val", data_cfg.val, data_cfg.nc)
+    dataset = ValDataset(split, int(cfg.imgsz), cache=cfg.cache)
+    return ValLoader(dataset, cfg, int(batch or cfg.batch))

@@ -1,0 +1,46 @@
+"""Generated documentation: docs/hyperparameters.md comes from TrainConfig (`libreyolo cfg --markdown`)."""
+
+from __future__ import annotations
+
+from .config import config_table
+
+_GROUPS = {"model": "What to train", "train": "Loop", "data": "Data", "optim": "Optimisation",
+           "augment": "Augmentation", "speed": "Speed levers", "val": "Validation", "output": "Output"}
+
+PRECISION = """\
+## Precision
+
+Resolved once per run from `amp`, `amp_dtype` and the device; the run log states the outcome once
+(`precision: bfloat16 autocast, scaler off`).
+
+| amp | amp_dtype | device | autocast | loss scaler | log line |
+|---|---|---|---|---|---|
+| false | any | any | none (float32) | off | - |
+| true | float16 | CUDA | float16 | on (dynamic) | - |
+| true | bfloat16 | CUDA with native bf16 (compute capability >= 8) | bfloat16 | off | - |
+| true | bfloat16 | CUDA without native bf16 | float16 | on (dynamic) | says it fell back |
+| true | any | CPU | none (float32) | off | says amp needs CUDA |
+
+- The loss is computed in float32 whatever the autocast dtype (the criterion runs outside
+  autocast and casts the network outputs).
+- float16: a live `GradScaler` scales the loss; a step whose gradients overflow is skipped, and
+  the count of skipped steps is reported at each epoch end and in `results.csv`.
+- float32/bfloat16 have no scaler to absorb a non-finite loss: the run stops with one line naming
+  the epoch, the step and the last loss items. The loss is read back once per `log_interval`
+  steps (the only host sync of the loop), so detection happens at that read; `last.pt` is only
+  ever written from a finite state at an epoch end, so it is the last good state.
+- Family defaults: each family declares its own `amp` default (most train with `amp=true`).
+"""
+
+
+def hyperparameters_markdown() -> str:
+    lines = ["# Hyperparameters", "",
+             "Generated from `libreyolo.config.TrainConfig` by `libreyolo cfg --markdown`; do not edit by hand.",
+             "Set any key as `key=value` on the command line or as a keyword of `LibreYOLO(...).train()`.",
+             "Family defaults override these base defaults; your values override both.", ""]
+    rows = config_table()
+    for group, title in _GROUPS.items():
+        lines += [f"## {title}", "", "| key | default | type | meaning |", "|---|---|---|---|"]
+        lines += [f"| `{r['key']}` | `{r['default']}` | {r['type']} | {r['doc']} |" for r in rows if r["group"] == group]
+        lines.append("")
+    return "\n".join(lines) + "\n" + PRECISION

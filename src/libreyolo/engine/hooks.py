@@ -1,0 +1,155 @@
+"""Trainer hooks: logging, validation, results.csv and checkpoints are hooks, not loop code.
+
+Call sequence (the trainer calls every hook in list order):
+
+    before_train
+    for each epoch:   before_epoch
+        for each step:    before_step, <step>, after_step
+                      after_epoch
+    after_train
+
+`before_step` and `after_step` run every step: keep them cheap (no host sync; the trainer reads
+the loss back once per log interval and exposes it as `trainer.last_log`). A hook may remove
+itself with `trainer.remove_hook(self)`.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+log = logging.getLogger("libreyolo")
+
+
+class Hook:
+    def before_train(self, trainer: Trainer) -> None: ...
+    def before_epoch(self, trainer: Trainer) -> None: ...
+    def before_step(self, trainer: Trainer) -> None: ...
+    def after_step(self, trainer: Trainer) -> None: ...
+    def after_epoch(self, trainer: Trainer) -> None: ...
+    def after_train(self, trainer: Trainer) -> None: ...
+    def state_dict(self) -> dict: return {}
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class ProgressHook(Hook):
+    """A rich progress bar per epoch (loss items, img/s, GPU memory) on a TTY; one line per epoch otherwise."""
+
+    def __init__(self, stream=None):
+        self.console = Console(file=stream or sys.stderr)
+        self.live = self.console.is_terminal
+        self.progress: Progress | None = None
+        self._task = None
+        self._shown_log = None
+
+    def before_epoch(self, trainer: Trainer) -> None:
+        self._t0 = time.perf_counter()
+        if not self.live:
+            return
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
+                                 TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False)
+        self.progress.start()
+        self._task = self.progress.add_task(f"epoch {trainer.epoch + 1}/{trainer.cfg.epochs}",
+                                            total=trainer.steps_per_epoch, info="")
+
+    def after_step(self, trainer: Trainer) -> None:
+        if self.progress is None:
+            return
+        info = None
+        if trainer.last_log is not self._shown_log:  # refresh text only when new figures exist
+            self._shown_log = trainer.last_log
+            info = _format_log(trainer)
+        self.progress.update(self._task, advance=1, **({"info": info} if info is not None else {}))
+
+    def after_epoch(self, trainer: Trainer) -> None:
+        if self.progress is not None:
+            self.progress.update(self._task, info=_format_log(trainer))
+            self.progress.stop()
+            self.progress = None
+        else:
+            self.console.print(f"epoch {trainer.epoch + 1}/{trainer.cfg.epochs}  {_format_log(trainer)}  "
+                               f"{time.perf_counter() - self._t0:.1f}s", highlight=False, soft_wrap=True)
+
+
+def _format_log(trainer: Trainer) -> str:
+    parts = [f"{k} {v:.4g}" for k, v in trainer.epoch_losses().items()]
+    if trainer.last_log:
+        parts.append(f"{trainer.last_log['img_s']:.0f} img/s")
+        if trainer.last_log.get("mem_gb"):
+            parts.append(f"{trainer.last_log['mem_gb']:.1f}G")
+    metrics = trainer.metrics
+    if metrics:
+        parts.append(f"mAP50-95 {metrics['map50_95']:.4f} mAP50 {metrics['map50']:.4f}")
+    return "  ".join(parts)
+
+
+class ValidationHook(Hook):
+    """Validate the EMA weights every `eval_interval` epochs and after the last; early stopping."""
+
+    def after_epoch(self, trainer: Trainer) -> None:
+        cfg = trainer.cfg
+        last = trainer.epoch + 1 == cfg.epochs
+        if not cfg.val or not (last or (trainer.epoch + 1) % cfg.eval_interval == 0):
+            return
+        trainer.metrics = trainer.validate()
+        fitness = 0.9 * trainer.metrics["map50_95"] + 0.1 * trainer.metrics["map50"]
+        if fitness > trainer.best_fitness or trainer.best_epoch < 0:
+            trainer.best_fitness, trainer.best_epoch = fitness, trainer.epoch
+            trainer.improved = True
+        if cfg.patience and trainer.epoch - trainer.best_epoch >= cfg.patience:
+            log.info(f"early stop: no improvement for {cfg.patience} epochs (best epoch {trainer.best_epoch + 1})")
+            trainer.stop = True
+
+
+class ResultsHook(Hook):
+    """One row per epoch in results.csv: losses, learning rate, metrics, timing, skipped steps."""
+
+    def before_epoch(self, trainer: Trainer) -> None:
+        self._t0 = time.perf_counter()
+
+    def after_epoch(self, trainer: Trainer) -> None:
+        row = {"epoch": trainer.epoch + 1}
+        row.update({f"train/{k}": round(v, 6) for k, v in trainer.epoch_losses().items()})
+        row["lr"] = trainer.optimizer.param_groups[0]["lr"]
+        row["map50_95"] = round(trainer.metrics["map50_95"], 6) if trainer.metrics else ""
+        row["map50"] = round(trainer.metrics["map50"], 6) if trainer.metrics else ""
+        row["seconds"] = round(time.perf_counter() - self._t0, 3)
+        row["skipped_steps"] = trainer.precision.skipped_steps()
+        path = trainer.run_dir / "results.csv"
+        new = not path.exists()
+        with path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(row))
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+        if row["skipped_steps"]:
+            log.info(f"epoch {row['epoch']}: float16 loss scaler skipped {row['skipped_steps']} steps so far (overflow)")
+
+
+class CheckpointHook(Hook):
+    """last.pt every epoch, best.pt on improvement, epochN.pt every `save_period` epochs."""
+
+    def after_epoch(self, trainer: Trainer) -> None:
+        weights = trainer.run_dir / "weights"
+        trainer.save(weights / "last.pt")
+        if trainer.improved:
+            trainer.save(weights / "best.pt")
+            trainer.improved = False
+        period = trainer.cfg.save_period
+        if period > 0 and (trainer.epoch + 1) % period == 0:
+            trainer.save(weights / f"epoch{trainer.epoch + 1}.pt")
+
+
+def finite(values) -> bool:
+    return all(math.isfinite(v) for v in values)

@@ -1,0 +1,87 @@
+"""The optimizer: SGD (Nesterov) or AdamW over three parameter groups.
+
+Groups, in this order, each with a `name` key (the LR schedule finds the bias group by name):
+  0 "weights": conv/linear weights (ndim >= 2, not in a norm layer), weight decay on;
+  1 "norm":    norm-layer weights and any other non-bias parameter with ndim < 2, no decay;
+  2 "bias":    every parameter called `bias`, no decay, own group so warmup can give it its own LR.
+Empty groups are left out. Build the optimizer after the model is on its device: fused
+optimizers check the parameters' device when they are created.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from libreyolo.errors import ConfigError
+
+OPTIMIZERS = ("sgd", "adamw")
+
+# Layers whose weight is a per-channel scale: decaying it towards 0 fights the normalisation.
+_NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+
+
+def accumulate_steps(batch: int, nbs: int) -> int:
+    """Batches to accumulate per optimizer step so each step sees about `nbs` images."""
+    return max(round(nbs / batch), 1)
+
+
+def param_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Trainable parameters split into "weights", "norm" and "bias" (shared ones counted once)."""
+    groups: dict[str, list[nn.Parameter]] = {"weights": [], "norm": [], "bias": []}
+    seen: set[int] = set()
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            if name == "bias":
+                groups["bias"].append(p)
+            elif isinstance(module, _NORMS) or p.ndim < 2:
+                groups["norm"].append(p)
+            else:
+                groups["weights"].append(p)
+    return groups
+
+
+def build_optimizer(model: nn.Module, cfg: Any, *, device_type: str) -> torch.optim.Optimizer:
+    """SGD or AdamW from `cfg` (optimizer, lr0, momentum, weight_decay, batch, nbs).
+
+    Weight decay is scaled by `batch * accumulate / nbs`, so it stays the same per image whatever
+    the batch size. On CUDA the fused implementation is used where this torch has one (one kernel
+    per step, and GradScaler can skip its `.item()` sync), else foreach.
+    """
+    name = str(cfg.optimizer).lower()
+    if name not in OPTIMIZERS:
+        raise ConfigError(
+            f"optimizer={cfg.optimizer!r} is not supported; use one of {', '.join(OPTIMIZERS)}"
+        )
+    decay = cfg.weight_decay * cfg.batch * accumulate_steps(cfg.batch, cfg.nbs) / cfg.nbs
+    groups = [
+        {"name": group, "params": params, "weight_decay": decay if group == "weights" else 0.0}
+        for group, params in param_groups(model).items()
+        if params
+    ]
+    if not groups:
+        raise ConfigError("the model has no trainable parameters")
+    if name == "sgd":
+        cls = torch.optim.SGD
+        # torch rejects nesterov without momentum; momentum=0 is plain SGD.
+        kwargs = {"momentum": cfg.momentum, "nesterov": cfg.momentum > 0}
+    else:
+        cls = torch.optim.AdamW
+        kwargs = {"betas": (cfg.momentum, 0.999)}
+    return cls(groups, lr=cfg.lr0, **kwargs, **implementation_kwargs(cls, device_type))
+
+
+def implementation_kwargs(cls: type, device_type: str) -> dict[str, bool]:
+    """`fused=True` on CUDA when `cls` accepts it, else `foreach=True`; torch's default on CPU."""
+    if device_type != "cuda":
+        return {}
+    accepted = inspect.signature(cls).parameters
+    if "fused" in accepted:
+        return {"fused": True}
+    return {"foreach": True} if "foreach" in accepted else {}

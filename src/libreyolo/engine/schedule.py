@@ -1,0 +1,123 @@
+"""Learning rate and momentum schedule: linear warmup, then per-epoch cosine or linear decay.
+
+Everything is a pure function of (epoch, batch index), counted in *batches* (not optimizer
+steps), so a run resumed at epoch k recomputes exactly the values it would have had; the object
+holds no state that matters beyond the configuration. All values are host-side Python floats.
+
+- Decay: the epoch's target LR falls from `lr0` at epoch 0 to `lr0 * lrf` at the last epoch
+  (`epochs - 1`), along a half cosine or a straight line (`lr_schedule`); constant in an epoch.
+- Warmup, over the first `max(round(warmup_epochs * steps_per_epoch), 100)` batches
+  (none when `warmup_epochs == 0`): the "bias" group's LR goes linearly from `warmup_bias_lr` to
+  the target, the other groups' from 0 to the target; momentum (SGD momentum, AdamW beta1) from
+  `warmup_momentum` to `momentum`; the batches accumulated per optimizer step from 1 to
+  `accumulate`, so early updates are small and frequent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from libreyolo.errors import ConfigError
+
+SCHEDULES = ("cosine", "linear")
+MIN_WARMUP_BATCHES = 100  # a short run still gets a usable warmup
+
+
+def _interp(x: float, length: int, start: float, end: float) -> float:
+    return start + (end - start) * min(max(x / length, 0.0), 1.0)
+
+
+class LRSchedule:
+    """Sets `lr` and momentum of every param group of `optimizer`; call `step(iteration)`.
+
+    `iteration` = `epoch * steps_per_epoch + batch_index`, the global batch index: call it before
+    each optimizer step with the index of the batch that completes it (calling it every batch is
+    harmless: the values depend on the index only). Groups are told apart by their `name` key
+    (`engine/optim.py`); a group named "bias" gets the bias warmup.
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, cfg: Any, steps_per_epoch: int, accumulate: int = 1
+    ):
+        if cfg.lr_schedule not in SCHEDULES:
+            raise ConfigError(
+                f"lr_schedule={cfg.lr_schedule!r} is not supported; use one of {', '.join(SCHEDULES)}"
+            )
+        if steps_per_epoch < 1:
+            raise ConfigError("the training loader yields no batches: fewer images than one batch")
+        self.optimizer = optimizer
+        self.steps_per_epoch = int(steps_per_epoch)
+        self.accumulate = max(int(accumulate), 1)
+        self.lr0, self.lrf, self.epochs = float(cfg.lr0), float(cfg.lrf), int(cfg.epochs)
+        self.cosine = cfg.lr_schedule == "cosine"
+        self.momentum, self.warmup_momentum = float(cfg.momentum), float(cfg.warmup_momentum)
+        self.warmup_bias_lr = float(cfg.warmup_bias_lr)
+        warm = round(cfg.warmup_epochs * self.steps_per_epoch)
+        self.warmup_batches = max(warm, MIN_WARMUP_BATCHES) if cfg.warmup_epochs > 0 else 0
+        self.is_bias = [g.get("name") == "bias" for g in optimizer.param_groups]
+        self.last_iteration = -1
+
+    def epoch_lr(self, epoch: int) -> float:
+        """The decayed target LR of `epoch` (lr0 at epoch 0, lr0 * lrf at the last epoch)."""
+        progress = min(max(epoch / max(self.epochs - 1, 1), 0.0), 1.0)
+        if self.cosine:
+            progress = (1.0 - math.cos(math.pi * progress)) / 2.0
+        return self.lr0 * (1.0 + (self.lrf - 1.0) * progress)
+
+    def lr_at(self, epoch: int, batch_index: int) -> list[float]:
+        """LR of each param group, in optimizer order, for this batch of this epoch."""
+        target = self.epoch_lr(epoch)
+        i = self._global(epoch, batch_index)
+        if i >= self.warmup_batches:
+            return [target] * len(self.is_bias)
+        return [
+            _interp(i, self.warmup_batches, self.warmup_bias_lr if bias else 0.0, target)
+            for bias in self.is_bias
+        ]
+
+    def momentum_at(self, epoch: int, batch_index: int) -> float:
+        i = self._global(epoch, batch_index)
+        if i >= self.warmup_batches:
+            return self.momentum
+        return _interp(i, self.warmup_batches, self.warmup_momentum, self.momentum)
+
+    def accumulate_at(self, epoch: int, batch_index: int) -> int:
+        """Batches to accumulate per optimizer step: ramps from 1 to `accumulate` during warmup."""
+        i = self._global(epoch, batch_index)
+        if i >= self.warmup_batches:
+            return self.accumulate
+        return max(1, round(_interp(i, self.warmup_batches, 1.0, self.accumulate)))
+
+    def step(self, iteration: int) -> None:
+        """Write the LRs and momentum of global batch `iteration` into the optimizer."""
+        epoch, batch_index = divmod(int(iteration), self.steps_per_epoch)
+        momentum = self.momentum_at(epoch, batch_index)
+        for group, lr in zip(self.optimizer.param_groups, self.lr_at(epoch, batch_index)):
+            group["lr"] = lr
+            if "betas" in group:
+                group["betas"] = (momentum, group["betas"][1])
+            elif "momentum" in group:
+                group["momentum"] = momentum
+        self.last_iteration = int(iteration)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"last_iteration": self.last_iteration, "steps_per_epoch": self.steps_per_epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore and re-apply the last values (the schedule itself comes from the config).
+
+        A resume with another batch size has another `steps_per_epoch`; the position is kept as
+        (epoch, batch index), which is what the schedule depends on.
+        """
+        last = int(state["last_iteration"])
+        if last < 0:
+            self.last_iteration = -1
+            return
+        epoch, batch_index = divmod(last, int(state.get("steps_per_epoch", self.steps_per_epoch)))
+        self.step(self._global(epoch, min(batch_index, self.steps_per_epoch - 1)))
+
+    def _global(self, epoch: int, batch_index: int) -> int:
+        return epoch * self.steps_per_epoch + batch_index

@@ -1,0 +1,275 @@
+"""The training loop: epochs of steps, with hooks around them. The step itself is in step.py."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+
+from ..config import TrainConfig
+from ..errors import LibreYOLOError
+from ..families.base import FamilySpec
+from ..profiler.markers import phase
+from . import checkpoint as ckpt_io
+from .ema import ModelEMA
+from .hooks import CheckpointHook, Hook, ProgressHook, ResultsHook, ValidationHook
+from .optim import accumulate_steps, build_optimizer
+from .precision import Precision
+from .schedule import LRSchedule
+from .step import StepContext, train_step
+
+log = logging.getLogger("libreyolo")
+
+
+class NonFiniteLossError(LibreYOLOError):
+    """The loss became NaN/inf without a loss scaler to absorb it."""
+
+
+@dataclass
+class TrainResult:
+    metrics: dict[str, float]
+    run_dir: Path
+    best: Path
+    last: Path
+    epochs_run: int
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, family: FamilySpec, size: str, model: nn.Module,
+                 data_cfg, run_dir: Path, device: torch.device, *, resume: dict | None = None,
+                 hooks: list[Hook] | None = None):
+        from ..data import build_train_loader, build_val_loader  # data imports are heavy-ish
+
+        self.cfg, self.family, self.size, self.data_cfg = cfg, family, size, data_cfg
+        self.run_dir, self.device = run_dir, device
+        seed_everything(cfg.seed, cfg.deterministic)
+        self.model = model.to(device)
+        if cfg.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.train_loader = build_train_loader(data_cfg, cfg)
+        self.val_loader = build_val_loader(data_cfg, cfg) if cfg.val else None
+        self.steps_per_epoch = len(self.train_loader)
+        self.ctx = build_step_context(cfg, family, self.model, device)
+        self.optimizer, self.precision, self.ema, self.criterion = (
+            self.ctx.optimizer, self.ctx.precision, self.ctx.ema, self.ctx.criterion)
+        self.schedule = LRSchedule(self.optimizer, cfg, self.steps_per_epoch, accumulate_steps(cfg.batch, cfg.nbs))
+        self.hooks: list[Hook] = hooks if hooks is not None else [
+            ValidationHook(), ResultsHook(), CheckpointHook(), ProgressHook()]
+        self.start_epoch, self.epoch, self.batch_index, self.iteration = 0, 0, 0, 0
+        self.best_fitness, self.best_epoch, self.improved, self.stop = -1.0, -1, False, False
+        self.metrics: dict[str, float] = {}
+        self.last_log: dict[str, float] | None = None
+        self.item_names = tuple(self.criterion.item_names)
+        if resume is not None:
+            self._load_resume(resume)
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        log.info(f"training {self.family.display}-{self.size} on {self.data_cfg.name} "
+                 f"({self.train_loader.num_images} train images) for {self.cfg.epochs} epochs on "
+                 f"{_device_name(self.device)}; precision: {self.precision.describe()}; run dir {self.run_dir}")
+        self._call("before_train")
+        epochs_run = 0
+        for epoch in range(self.start_epoch, self.cfg.epochs):
+            self.epoch = epoch
+            self.train_loader.set_epoch(self.epoch)
+            self._call("before_epoch")
+            self.run_epoch()
+            self._call("after_epoch")
+            epochs_run += 1
+            if self.stop:
+                break
+        self._call("after_train")
+        weights = self.run_dir / "weights"
+        best = weights / "best.pt"
+        return TrainResult(metrics=dict(self.metrics), run_dir=self.run_dir,
+                           best=best if best.exists() else weights / "last.pt",
+                           last=weights / "last.pt", epochs_run=epochs_run)
+
+    def run_epoch(self) -> None:
+        self.model.train()
+        n = self.steps_per_epoch
+        self._epoch_sum = [0.0] * len(self.item_names)
+        self._epoch_count = 0
+        self._reset_interval()
+        batches = iter(self.train_loader)
+        since_update = 0
+        for batch_index in range(n):
+            self.batch_index = batch_index
+            t0 = time.perf_counter()
+            with phase("data"):
+                batch = next(batches)
+            self.data_time = time.perf_counter() - t0
+            self.iteration = self.epoch * n + self.batch_index
+            self.schedule.step(self.iteration)
+            self._call("before_step")
+            # Step the optimizer once `accumulate` batches have contributed (ramping up from 1
+            # during warmup) and at the end of each epoch, so an epoch always ends on a clean
+            # update and resume from last.pt is exact.
+            since_update += 1
+            update = since_update >= self.schedule.accumulate_at(self.epoch, self.batch_index) or self.batch_index + 1 == n
+            since_update = 0 if update else since_update
+            items = train_step(self.ctx, batch, update)
+            self._accumulate(items, batch.images.shape[0])
+            if (self.batch_index + 1) % self.cfg.log_interval == 0 or self.batch_index + 1 == n:
+                self._read_losses()
+            self._call("after_step")
+
+    # --- loss bookkeeping: device-side sums, one read-back per log interval ---------------------
+    def _reset_interval(self) -> None:
+        self._acc = torch.zeros(len(self.item_names), device=self.device)
+        self._finite = torch.zeros((), device=self.device)
+        self._interval_steps, self._interval_images, self._interval_t0 = 0, 0, time.perf_counter()
+
+    def _accumulate(self, items: torch.Tensor, images: int) -> None:
+        ok = torch.isfinite(items).all()
+        self._acc += torch.where(ok, items, 0.0)
+        self._finite += ok
+        self._interval_steps += 1
+        self._interval_images += images
+
+    def _read_losses(self) -> None:
+        values = torch.cat([self._acc, self._finite.reshape(1)]).tolist()  # the loop's one sync
+        *sums, finite = values
+        bad = self._interval_steps - int(finite)
+        if bad and not self.precision.scaler_enabled:
+            raise NonFiniteLossError(
+                f"non-finite loss at epoch {self.epoch + 1}, step {self.batch_index + 1} "
+                f"({bad} of the last {self._interval_steps} steps); last finite interval "
+                f"{self._format_items(self.epoch_losses())}; {self._last_good()}")
+        self._epoch_sum = [a + b for a, b in zip(self._epoch_sum, sums)]
+        self._epoch_count += int(finite)
+        elapsed = max(time.perf_counter() - self._interval_t0, 1e-9)
+        self.last_log = {"img_s": self._interval_images / elapsed}
+        if self.device.type == "cuda":
+            self.last_log["mem_gb"] = torch.cuda.max_memory_reserved(self.device) / 2**30
+        self._reset_interval()
+
+    def epoch_losses(self) -> dict[str, float]:
+        count = max(self._epoch_count, 1) if hasattr(self, "_epoch_count") else 1
+        sums = getattr(self, "_epoch_sum", [math.nan] * len(self.item_names))
+        return {k: v / count for k, v in zip(self.item_names, sums)}
+
+    @staticmethod
+    def _format_items(items: dict[str, float]) -> str:
+        return " ".join(f"{k}={v:.4g}" for k, v in items.items())
+
+    def _last_good(self) -> str:
+        last = self.run_dir / "weights" / "last.pt"
+        if last.exists():
+            return f"the last good state is {last} (end of epoch {self.epoch})"
+        return "no good state was saved (the first epoch failed)"
+
+    # --- validation, checkpoints ----------------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        from ..eval import evaluate
+
+        model = self.ema.ema if self.ema is not None else self.model
+        return evaluate(model, self.val_loader, self.device, conf=self.cfg.conf, iou=self.cfg.iou,
+                        max_det=self.cfg.max_det, amp_dtype=self.precision.dtype,
+                        names=self.data_cfg.names, progress=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family.name, "size": self.size, "names": list(self.data_cfg.names),
+            "model": _cpu_state(self.model), "ema": _cpu_state(self.ema.ema) if self.ema else None,
+            "ema_updates": self.ema.updates if self.ema else 0,
+            "optimizer": self.optimizer.state_dict(), "precision": self.precision.state_dict(),
+            "epoch": self.epoch, "best_fitness": self.best_fitness, "best_epoch": self.best_epoch,
+            "metrics": dict(self.metrics), "config": self.cfg.to_dict(), "rng": ckpt_io.rng_state(),
+            "hooks": {type(h).__name__: h.state_dict() for h in self.hooks},
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+
+    def save(self, path: Path) -> Path:
+        return ckpt_io.save_checkpoint(path, self.state_dict())
+
+    def _load_resume(self, ckpt: dict) -> None:
+        self.model.load_state_dict(ckpt["model"])
+        if self.ema is not None and ckpt.get("ema") is not None:
+            self.ema.ema.load_state_dict(ckpt["ema"])
+            self.ema.updates = int(ckpt.get("ema_updates", 0))
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.precision.load_state_dict(ckpt["precision"])
+        self.start_epoch = int(ckpt["epoch"]) + 1
+        self.best_fitness = float(ckpt.get("best_fitness", -1.0))
+        self.best_epoch = int(ckpt.get("best_epoch", -1))
+        self.metrics = dict(ckpt.get("metrics") or {})
+        ckpt_io.restore_rng_state(ckpt["rng"])
+        for hook in self.hooks:
+            hook.load_state_dict(ckpt.get("hooks", {}).get(type(hook).__name__, {}))
+        log.info(f"resuming from epoch {self.start_epoch + 1}/{self.cfg.epochs}")
+
+    # --- hooks ----------------------------------------------------------------------------------
+    def _call(self, event: str) -> None:
+        for hook in list(self.hooks):  # a copy: hooks may remove themselves
+            getattr(hook, event)(self)
+
+    def remove_hook(self, hook: Hook) -> None:
+        self.hooks.remove(hook)
+
+
+def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, device: torch.device) -> StepContext:
+    """Optimizer, precision, EMA and criterion for `model` (already on `device`): what a step needs.
+
+    Shared by the trainer and `libreyolo bench step`, so the benchmark times the real step.
+    """
+    precision = Precision.create(cfg.amp, cfg.amp_dtype, device)
+    if precision.message:
+        log.info(precision.message)
+    return StepContext(model=model, capturable=model.capturable, criterion=family.criterion(model, cfg),
+                       optimizer=build_optimizer(model, cfg, device_type=device.type), precision=precision,
+                       params=[p for p in model.parameters() if p.requires_grad], clip_grad=cfg.clip_grad,
+                       ema=ModelEMA(model) if cfg.ema else None, device=device, channels_last=cfg.channels_last)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cudnn.benchmark = True
+
+
+def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
+
+
+def make_run_dir(project: str, name: str, exist_ok: bool) -> Path:
+    """project/name, or project/name2, name3, ... unless exist_ok (created atomically)."""
+    root = Path(project)
+    root.mkdir(parents=True, exist_ok=True)
+    if exist_ok:
+        path = root / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    for i in range(1, 10_000):
+        path = root / (name if i == 1 else f"{name}{i}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise LibreYOLOError(f"too many run directories named '{name}' under '{project}'")
+
+
+def write_args(run_dir: Path, cfg: TrainConfig) -> None:
+    (run_dir / "args.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

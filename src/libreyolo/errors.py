@@ -1,0 +1,32 @@
+"""User-facing errors.
+
+Every mistake a user can make (unknown key, bad value, missing file, corrupt data, bad checkpoint,
+bad profile.json) raises a subclass of `LibreYOLOError` whose message is one clear line. The CLI
+prints that line and exits with code 2 without a traceback (`LIBREYOLO_DEBUG=1` shows it).
+"""
+
+from __future__ import annotations
+
+
+class LibreYOLOError(Exception):
+    """Base class: a user mistake, reported as one line."""
+
+
+class ConfigError(LibreYOLOError):
+    """Unknown key, bad value, or an option that cannot be honoured."""
+
+
+class DataError(LibreYOLOError):
+    """Missing or unusable dataset: bad yaml, empty split, failed download."""
+
+
+class ModelNameError(LibreYOLOError):
+    """A model name that is neither a file, an official weights name nor an architecture."""
+
+
+class CheckpointError(LibreYOLOError):
+    """A truncated, foreign or incompatible checkpoint file."""
+
+
+class ProfileFormatError(LibreYOLOError):
+    """A malformed, truncated, foreign or too-new profile.json."""

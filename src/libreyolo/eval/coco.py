@@ -1,0 +1,235 @@
+"""COCO box mAP of a model over a validation loader, through faster-coco-eval.
+
+Each batch is predicted, post-processed and mapped back to original image pixels (ground truth
+too, so letterbox rounding affects both sides equally). Everything is collected as small numpy
+arrays; the COCO dicts are built in memory once, at the end. Nothing is written to disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from libreyolo.eval.postprocess import postprocess, unletterbox
+
+
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    device: torch.device | str,
+    *,
+    conf: float = 0.001,
+    iou: float = 0.7,
+    max_det: int = 300,
+    amp_dtype: torch.dtype | None = None,
+    names: Sequence[str] | dict[int, str] | None = None,
+    progress: bool = True,
+    verbose: bool = False,
+    preprocess: Callable[[Tensor], Tensor] | None = None,
+) -> dict[str, Any]:
+    """Validate `model` (already on `device`) over `loader`; return COCO box metrics.
+
+    Batches need fields `images`, `targets` (`families.base.Targets`, letterboxed pixels),
+    `image_ids`, `orig_sizes [B, 2]` (h, w), `ratios [B]` and `pads [B, 2]` (left, top).
+    `preprocess` turns the batch images (already on `device`) into network input; by default
+    uint8 images are scaled to [0, 1] floats and float images pass through.
+    Autocast with `amp_dtype` is used on CUDA only. The model's train/eval mode is restored.
+    An image id seen twice (a distributed sampler pads with repeats) is counted once.
+    Returns {"map50_95", "map50", "num_images", "num_dets"}; no ground truth at all gives zeros.
+    `verbose=True` lets faster-coco-eval print its summary table.
+    """
+    device = torch.device(device)
+    preprocess = preprocess or _default_preprocess
+    use_amp = amp_dtype is not None and device.type == "cuda"
+    collector = _Collector()
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode(), _progress(loader, progress) as batches:
+            for batch in batches:
+                images = preprocess(batch.images.to(device, non_blocking=True))
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
+                    preds = model.predict(images)
+                collector.add(batch, postprocess(preds, conf=conf, iou=iou, max_det=max_det))
+    finally:
+        model.train(was_training)
+    map50_95, map50 = coco_map(collector.gt, collector.dets, collector.sizes, names, verbose)
+    return {
+        "map50_95": map50_95,
+        "map50": map50,
+        "num_images": len(collector.sizes),
+        "num_dets": int(sum(len(d) for d in collector.dets)),
+    }
+
+
+def _default_preprocess(images: Tensor) -> Tensor:
+    return images.float().div_(255) if not images.is_floating_point() else images
+
+
+class _Collector:
+    """Detections and ground truth of the images seen so far, in original image pixels.
+
+    `dets` rows: (image, x1, y1, x2, y2, score, class); `gt` rows: (image, x1, y1, x2, y2, class);
+    `image` is a dense id 1..n in order of first appearance, `sizes[k]` = (h, w) of image k + 1.
+    """
+
+    def __init__(self) -> None:
+        self.ids: dict[Any, int] = {}
+        self.sizes: list[tuple[int, int]] = []
+        self.dets: list[np.ndarray] = []
+        self.gt: list[np.ndarray] = []
+
+    def add(self, batch: Any, dets: list[Tensor]) -> None:
+        ratios = torch.as_tensor(batch.ratios).cpu().reshape(-1)
+        pads = torch.as_tensor(batch.pads).cpu().reshape(-1, 2)
+        sizes = torch.as_tensor(batch.orig_sizes).cpu().reshape(-1, 2)
+        dense, fresh = self._register(batch.image_ids, sizes)
+        # One row index per detection, pointing at its image in the batch.
+        counts = torch.tensor([len(d) for d in dets])
+        owner = torch.repeat_interleave(torch.arange(len(dets)), counts)
+        d = torch.cat(dets).cpu() if dets else torch.zeros(0, 6)
+        boxes = unletterbox(d[:, :4], ratios[owner], pads[owner], sizes[owner])
+        self._append(self.dets, dense[owner], fresh[owner], boxes, d[:, 4:6])
+
+        t = batch.targets
+        owner, slot = t.valid.cpu().nonzero(as_tuple=True)
+        boxes = unletterbox(t.boxes.cpu().float()[owner, slot], ratios[owner], pads[owner], sizes[owner])
+        labels = t.labels.cpu()[owner, slot].float()[:, None]
+        # A box clipped to nothing can never be matched; it is a label error, not a miss.
+        real = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        self._append(self.gt, dense[owner], fresh[owner] & real, boxes, labels)
+
+    def _register(self, image_ids: Any, sizes: Tensor) -> tuple[Tensor, Tensor]:
+        """Dense id of each image of the batch, and whether it is seen for the first time."""
+        if isinstance(image_ids, Tensor):
+            image_ids = image_ids.tolist()
+        dense, fresh = [], []
+        for key, (h, w) in zip(image_ids, sizes.tolist()):
+            fresh.append(key not in self.ids)
+            if fresh[-1]:
+                self.ids[key] = len(self.ids) + 1
+                self.sizes.append((int(h), int(w)))
+            dense.append(self.ids[key])
+        return torch.tensor(dense, dtype=torch.float64), torch.tensor(fresh, dtype=torch.bool)
+
+    @staticmethod
+    def _append(store: list, image: Tensor, keep: Tensor, boxes: Tensor, extra: Tensor) -> None:
+        rows = torch.cat([image[:, None], boxes.double(), extra.double()], dim=1)[keep]
+        if len(rows):
+            store.append(rows.numpy())
+
+
+def coco_map(
+    gt: list[np.ndarray],
+    dets: list[np.ndarray],
+    sizes: list[tuple[int, int]],
+    names: Sequence[str] | dict[int, str] | None = None,
+    verbose: bool = False,
+) -> tuple[float, float]:
+    """(mAP50-95, mAP50) from `_Collector` rows; (0, 0) without ground truth or detections.
+
+    Standard COCO parameters (101-point interpolation, maxDets 100 per image and class), so the
+    numbers compare with published COCO results. Category ids are class + 1.
+    """
+    if not gt or not dets:  # nothing to find, or nothing found (older evaluators crash on it)
+        return 0.0, 0.0
+    from faster_coco_eval import (  # imported lazily: the CLI stays fast
+        COCO,
+        COCOeval_faster,
+    )
+
+    gt_rows, det_rows = np.concatenate(gt), np.concatenate(dets)
+    say = print if verbose else _silent
+    num_classes = _num_classes(names, gt_rows[:, 5], det_rows[:, 6])
+    # print_function is set as an attribute: not every supported version takes it as an argument.
+    quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
+    with quiet:
+        coco_gt = COCO(_gt_dict(gt_rows, sizes, names, num_classes))
+        coco_gt.print_function = say
+        coco_dt = coco_gt.loadRes(_det_list(det_rows))
+        coco_dt.print_function = say
+        evaluator = COCOeval_faster(coco_gt, coco_dt, iouType="bbox")
+        evaluator.print_function = say
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    # COCO reports -1 for "nothing to measure"; as a training metric that is simply 0.
+    return max(float(evaluator.stats[0]), 0.0), max(float(evaluator.stats[1]), 0.0)
+
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _num_classes(names: Any, gt_cls: np.ndarray, det_cls: np.ndarray) -> int:
+    largest = int(max(gt_cls.max(initial=-1), det_cls.max(initial=-1))) + 1
+    if names is None:
+        return largest
+    known = max(names) + 1 if isinstance(names, dict) else len(names)
+    return max(known, largest)
+
+
+def _class_name(names: Any, k: int) -> str:
+    if isinstance(names, dict):
+        return str(names.get(k, k))
+    return str(names[k]) if names is not None and k < len(names) else str(k)
+
+
+def _xywh(rows: np.ndarray) -> np.ndarray:
+    return np.stack([rows[:, 0], rows[:, 1], rows[:, 2] - rows[:, 0], rows[:, 3] - rows[:, 1]], 1)
+
+
+def _gt_dict(rows: np.ndarray, sizes: list, names: Any, num_classes: int) -> dict:
+    boxes = _xywh(rows[:, 1:5])
+    annotations = [
+        {
+            "id": k + 1,  # id 0 means "unmatched" inside the evaluator
+            "image_id": int(img),
+            "category_id": int(cls) + 1,
+            "bbox": box.tolist(),
+            "area": float(box[2] * box[3]),
+            "iscrowd": 0,
+        }
+        for k, (img, cls, box) in enumerate(zip(rows[:, 0], rows[:, 5], boxes))
+    ]
+    return {
+        "images": [{"id": k + 1, "height": h, "width": w} for k, (h, w) in enumerate(sizes)],
+        "annotations": annotations,
+        "categories": [{"id": k + 1, "name": _class_name(names, k)} for k in range(num_classes)],
+    }
+
+
+def _det_list(rows: np.ndarray) -> list[dict]:
+    boxes = _xywh(rows[:, 1:5])
+    return [
+        {"image_id": int(img), "category_id": int(cls) + 1, "bbox": box.tolist(), "score": float(s)}
+        for img, s, cls, box in zip(rows[:, 0], rows[:, 5], rows[:, 6], boxes)
+    ]
+
+
+@contextlib.contextmanager
+def _progress(loader: Iterable, enabled: bool):
+    """Yield the loader, wrapped in a rich progress bar on an interactive terminal only."""
+    if not (enabled and sys.stderr.isatty()):
+        yield loader
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    total = len(loader) if hasattr(loader, "__len__") else None
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("validating", total=total)
+
+        def advance():
+            for batch in loader:
+                yield batch
+                bar.advance(task)
+
+        yield advance()

@@ -1,0 +1,68 @@
+"""The family contract.
+
+A family is one folder (`families/<name>/`) with its network, loss/assigner and a `spec.py` that
+declares a `FamilySpec`; `families/__init__.py` registers it with one line. Everything else in
+LibreYOLO (trainer, CUDA graphs, profiler, CLI, docs) works from the spec and this contract.
+
+Training model contract (an `nn.Module` returned by `FamilySpec.build`):
+- `model.capturable`: `nn.Module` mapping `images [B,3,H,W] -> tuple[Tensor, ...]` with static
+  shapes for a static input shape. This is what CUDA graphs capture.
+- `model.forward_train(captured, targets) -> preds`: the eager rest (identity for YOLO-style).
+- `model.predict(images) -> Tensor [B, N, 4 + num_classes]`: inference (boxes xyxy in input
+  pixels, then per-class scores in [0, 1]); used by validation.
+- `model.num_classes`, `model.strides`.
+The criterion: `loss, loss_items = criterion(preds, targets)` where `loss` is a scalar already
+multiplied by the batch size, and `loss_items` a detached 1-D tensor (never `.item()` in the
+step) whose entries are named by `criterion.item_names`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+
+class Targets(NamedTuple):
+    """Dense, padded targets of one batch (DESIGN.md "Targets format").
+
+    boxes  [B, M, 4] float32, xyxy in pixels of the network input;
+    labels [B, M]    int64 class ids (0 where padded);
+    valid  [B, M]    bool, True for real boxes.
+    M = max boxes in the batch rounded up to a multiple of 8 (at least 8).
+    """
+
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    valid: torch.Tensor
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Targets:
+        return Targets(*(t.to(device, non_blocking=non_blocking) for t in self))
+
+
+@dataclass(frozen=True)
+class CapturePlan:
+    """What CUDA graphs may capture for a family: 'network', 'encoder' or 'none' (with a reason)."""
+
+    region: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """Everything the rest of LibreYOLO needs to know about a family."""
+
+    name: str                                   # registry name, e.g. "yolo9"
+    display: str                                # as the literature writes it, e.g. "YOLOv9"
+    sizes: tuple[str, ...]                      # e.g. ("t", "s", "m", "c")
+    build: Callable[[str, int], nn.Module]      # (size, num_classes) -> training model
+    criterion: Callable[[nn.Module, Any], Callable]  # (model, cfg) -> criterion
+    weights_prefix: str                         # "LibreYOLO9" -> LibreYOLO9s.pt
+    aliases: tuple[str, ...] = ()               # extra arch-name spellings ("yolov9")
+    tasks: tuple[str, ...] = ("detect",)
+    defaults: dict[str, Any] = field(default_factory=dict)  # config overrides for this family
+    capture: CapturePlan = CapturePlan("network")
+    size_names: dict[str, str] = field(default_factory=dict)  # long spellings: {"tiny": "t"}

@@ -1,0 +1,28 @@
+"""Phase markers for the training step.
+
+`phase("forward")` costs one global check when no profiler is active: it returns a shared
+null context. A profiler installs a recorder with `set_recorder`; the recorder's `phase(name)`
+returns the context that measures (record_function spans, CUDA events).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+PHASES = ("data", "h2d", "forward", "loss", "backward", "optimizer", "ema")
+
+_NULL = contextlib.nullcontext()
+_recorder: Any = None
+
+
+def set_recorder(recorder: Any) -> None:
+    """Install (or, with None, remove) the object whose `phase(name)` measures a phase."""
+    global _recorder
+    _recorder = recorder
+
+
+def phase(name: str) -> contextlib.AbstractContextManager:
+    if _recorder is None:
+        return _NULL
+    return _recorder.phase(name)

@@ -1,0 +1,104 @@
+"""Bad input at the command line: one line on stderr, exit code 2, no traceback, nothing written."""
+
+import pytest
+
+CASES = [
+    (["train", "epoch=3"], "unknown key 'epoch' (did you mean 'epochs'?)"),
+    (["train", "batch=abc"], "bad value for 'batch': 'abc' (allowed: int)"),
+    (["train", "epochs"], "expected key=value, got 'epochs' (did you mean 'epochs=...'?)"),
+    (["train", "amp=maybe"], "bad value for 'amp': 'maybe' (allowed: bool)"),
+    (["train", "optimizer=adam"], "bad value for 'optimizer': 'adam' (allowed: sgd|adamw)"),
+    (["train", "mosaic=1.5"], "bad value for 'mosaic': 1.5 (allowed: float in [0.0, 1.0])"),
+    (["train", "epochs=0"], "bad value for 'epochs': 0 (allowed: int >= 1)"),
+    (["train", "batch=2", "batch=4"], "key 'batch' given twice"),
+    (["train", "amp_dtype=float8"], "bad value for 'amp_dtype': 'float8' (allowed: float16|bfloat16)"),
+    (["train", "lr0=nan"], "bad value for 'lr0': 'nan' (allowed: float)"),
+    (["train", "cache=maybe"], "bad value for 'cache': 'maybe' (allowed: false|ram|disk)"),
+    (["train", "--batch"], "bad value for 'batch': 'true' (allowed: int)"),
+    (["train", "=3"], "missing key in '=3'"),
+    (["val", "epochs=3"], "key 'epochs' does not apply here"),
+    (["train", "data=shapes"], "no model given"),
+    (["train", "model=yolo9-t"], "no dataset given: pass data=NAME"),
+    (["train", "model=yolo9-t", "data=shapes", "imgsz=100"], "bad value for 'imgsz': 100 (allowed: a multiple of 32)"),
+    (["train", "model=yolo9-t", "data=shapes", "cuda_graph=true"], "'cuda_graph=True' cannot be honoured"),
+    (["train", "model=foo", "data=shapes"], "unknown model 'foo': not a file, an official weights name"),
+    (["train", "model=missing.pt", "data=shapes"], "weights file 'missing.pt' does not exist"),
+    (["train", "model=yolo9-x", "data=shapes"], "unknown model 'yolo9-x'"),
+    (["train", "model=yolo9-t", "data=no_such_dataset"], "no_such_dataset"),
+    (["train", "model=yolo9-t", "data=missing/data.yaml"], "missing/data.yaml"),
+    (["train", "model=yolo9-t", "data=shapes", "device=cuda:3"], "device 'cuda:3'"),
+    (["train", "model=yolo9-t", "data=shapes", "device=0,1"], "multi-GPU training is not available"),
+    (["val", "data=shapes"], "no model given"),
+]
+
+
+@pytest.mark.parametrize("args,message", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_input_is_one_line_exit_2(cli, tmp_path, args, message):
+    result = cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert message in lines[0]
+    assert not (tmp_path / "runs").exists(), "nothing may be written for a bad command"
+
+
+def test_corrupt_checkpoint_is_one_line(cli, tmp_path):
+    (tmp_path / "bad.pt").write_bytes(b"this is not a checkpoint")
+    result = cli("train", "model=bad.pt", "data=shapes")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: 'bad.pt' is not a")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_foreign_checkpoint_is_one_line(cli, tmp_path):
+    import torch
+
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, tmp_path / "other.pt")
+    result = cli("val", "model=other.pt", "data=shapes")
+    assert result.returncode == 2
+    assert "not a LibreYOLO checkpoint (foreign file)" in result.stderr
+
+
+def test_debug_shows_traceback(cli):
+    result = cli("train", "epoch=3", env={"LIBREYOLO_DEBUG": "1"})
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr
+
+
+def test_cfg_lists_every_key(cli):
+    from libreyolo.config import FIELDS
+
+    result = cli("cfg")
+    assert result.returncode == 0
+    keys = [line.split()[0] for line in result.stdout.splitlines()]
+    assert keys == list(FIELDS)
+    assert any(line.split()[:3] == ["epochs", "100", "int"] for line in result.stdout.splitlines())
+
+
+def test_cfg_json_parses(cli):
+    import json
+
+    rows = json.loads(cli("cfg", "--json").stdout)
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["amp_dtype"]["type"] == "float16|bfloat16"
+    assert by_key["cache"]["type"] == "false|ram|disk"
+    assert all(r["doc"] for r in rows)
+
+
+def test_version(cli):
+    from libreyolo import __version__
+
+    result = cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"libreyolo {__version__}"
+
+
+def test_hyperparameters_doc_is_generated():
+    """docs/hyperparameters.md must be exactly what `libreyolo cfg --markdown` prints."""
+    from pathlib import Path
+
+    from libreyolo.docs import hyperparameters_markdown
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "hyperparameters.md"
+    assert doc.read_text() == hyperparameters_markdown(), "run `make docs` to regenerate"

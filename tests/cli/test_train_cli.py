@@ -1,0 +1,114 @@
+"""The real `libreyolo` command trains, validates, resumes and benchmarks on tiny data (CPU)."""
+
+import csv
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+import yaml
+
+TINY = ["model=yolo9-t", "data=shapes", "imgsz=128", "batch=4", "device=cpu", "workers=0", "amp=false"]
+
+
+def _rows(run_dir):
+    with (run_dir / "results.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_train_two_epochs_then_val(cli, tmp_path):
+    result = cli("train", *TINY, "epochs=2", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    run_dir = tmp_path / out["run_dir"]
+    assert run_dir == tmp_path / "runs" / "train" / "exp"
+    assert (run_dir / "weights" / "last.pt").is_file()
+    assert (run_dir / "weights" / "best.pt").is_file()
+    args = yaml.safe_load((run_dir / "args.yaml").read_text())
+    assert args["epochs"] == 2 and args["imgsz"] == 128 and args["model"] == "yolo9-t"
+    rows = _rows(run_dir)
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    assert all(float(r["train/box"]) > 0 for r in rows)
+    assert 0.0 <= float(rows[-1]["map50_95"]) <= 1.0
+    assert set(out["metrics"]) >= {"map50_95", "map50"}
+
+    val = cli("val", f"model={out['best']}", "data=shapes", "imgsz=128", "batch=8", "device=cpu", "workers=0", "--json")
+    assert val.returncode == 0, val.stderr
+    metrics = json.loads(val.stdout)
+    assert metrics["num_images"] == 32
+    assert metrics["map50_95"] == pytest.approx(out["metrics"]["map50_95"], abs=1e-6)
+
+    # A second run gets a fresh directory.
+    again = cli("train", *TINY, "epochs=1", "val=false")
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "runs" / "train" / "exp2" / "weights" / "last.pt").is_file()
+    assert again.stdout.strip().endswith("exp2/weights/last.pt")
+
+
+def test_resume_after_kill_continues_schedule(cli, cli_command, tmp_path):
+    base = [*TINY, "epochs=3", "val=false", "warmup_epochs=0.5", "lr_schedule=cosine"]
+    ref = cli("train", *base, "name=ref")
+    assert ref.returncode == 0, ref.stderr
+    ref_rows = _rows(tmp_path / "runs" / "train" / "ref")
+
+    proc = subprocess.Popen([*cli_command, "train", *base, "name=cut"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    last = tmp_path / "runs" / "train" / "cut" / "weights" / "last.pt"
+    deadline = time.time() + 300
+    while not last.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert last.exists(), "first epoch never finished"
+    time.sleep(0.5)  # into epoch 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    cut_rows = _rows(tmp_path / "runs" / "train" / "cut")
+    assert len(cut_rows) == 1, "the kill must land mid-run"
+
+    resumed = cli("train", f"resume={last}")
+    assert resumed.returncode == 0, resumed.stderr
+    rows = _rows(tmp_path / "runs" / "train" / "cut")
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"]
+    for got, want in zip(rows, ref_rows):
+        assert float(got["lr"]) == pytest.approx(float(want["lr"]), rel=1e-9)
+        assert float(got["train/box"]) == pytest.approx(float(want["train/box"]), rel=1e-3)
+
+    bad = cli("train", f"resume={last}", "epochs=9")
+    assert bad.returncode == 2 and "cannot change epochs when resuming" in bad.stderr
+    done = cli("train", f"resume={last}")
+    assert done.returncode == 2 and "nothing to resume" in done.stderr
+
+
+def test_python_api(tmp_path, monkeypatch):
+    from libreyolo import LibreYOLO
+
+    monkeypatch.chdir(tmp_path)
+    model = LibreYOLO("YOLOv9-t")
+    assert model.arch == "yolo9-t"
+    result = model.train(data="shapes", epochs=1, imgsz=128, batch=4, device="cpu", workers=0, amp=False,
+                         project=str(tmp_path / "p"))
+    assert result.best.is_file() and result.run_dir == tmp_path / "p" / "exp"
+    assert 0.0 <= result.metrics["map50_95"] <= 1.0
+    trained = LibreYOLO(str(result.best))
+    assert trained.arch == "yolo9-t"
+    metrics = trained.val(data="shapes", imgsz=128, batch=8, device="cpu", workers=0)
+    assert metrics["map50_95"] == pytest.approx(result.metrics["map50_95"], abs=1e-6)
+
+
+def test_bench_step_cpu(cli):
+    result = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "amp=false",
+                 "--steps", "3", "--warmup", "1", "arms=eager,fp32", "--json")
+    assert result.returncode == 0, result.stderr
+    records = json.loads(result.stdout)
+    assert [r["arm"] for r in records] == ["eager", "fp32"]
+    for r in records:
+        assert r["step_ms_min"] <= r["step_ms_median"]
+        assert r["kernel_busy_ms"] is None and r["utilisation"] is None  # no CUDA here
+        assert set(r["synced_ms"]) == {"h2d", "forward", "loss", "backward", "optimizer+ema"}
+        assert 0 < r["network_share"] < 1
+        assert r["precision"] == "float32"
+    table = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "--steps", "2", "--warmup", "1")
+    assert table.returncode == 0, table.stderr
+    assert "step ms (min/med)" in table.stdout and "yolo9-t" in table.stdout
+    bad = cli("bench", "step", "model=yolo9-t", "arms=turbo")
+    assert bad.returncode == 2 and "unknown arm 'turbo'" in bad.stderr

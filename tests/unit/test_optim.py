@@ -1,0 +1,99 @@
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from libreyolo.engine.optim import (
+    accumulate_steps,
+    build_optimizer,
+    implementation_kwargs,
+    param_groups,
+)
+from libreyolo.errors import ConfigError
+
+
+def tiny_model():
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.SiLU(),
+        nn.Conv2d(8, 4, 1), nn.Flatten(), nn.Linear(4, 2),
+    )
+
+
+def cfg(**kw):
+    base = {"optimizer": "sgd", "lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "batch": 16, "nbs": 64}
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_accumulate_steps():
+    assert accumulate_steps(16, 64) == 4
+    assert accumulate_steps(64, 64) == 1
+    assert accumulate_steps(128, 64) == 1
+    assert accumulate_steps(24, 64) == 3
+
+
+def test_param_groups_split_weights_norms_and_biases():
+    model = tiny_model()
+    groups = param_groups(model)
+    ids = {k: {id(p) for p in v} for k, v in groups.items()}
+    assert ids["weights"] == {id(model[0].weight), id(model[3].weight), id(model[5].weight)}
+    assert ids["norm"] == {id(model[1].weight)}
+    assert ids["bias"] == {id(model[1].bias), id(model[3].bias), id(model[5].bias)}
+
+
+def test_sgd_groups_names_decay_and_momentum():
+    opt = build_optimizer(tiny_model(), cfg(batch=16), device_type="cpu")
+    assert isinstance(opt, torch.optim.SGD)
+    assert [g["name"] for g in opt.param_groups] == ["weights", "norm", "bias"]
+    # batch 16 accumulates 4 -> 64 images per step == nbs, decay unchanged.
+    assert [g["weight_decay"] for g in opt.param_groups] == [pytest.approx(5e-4), 0.0, 0.0]
+    assert opt.param_groups[0]["nesterov"] and opt.param_groups[0]["momentum"] == 0.937
+    assert all(g["lr"] == 0.01 for g in opt.param_groups)
+
+
+def test_weight_decay_scales_with_the_effective_batch():
+    opt = build_optimizer(tiny_model(), cfg(batch=128), device_type="cpu")
+    assert opt.param_groups[0]["weight_decay"] == pytest.approx(5e-4 * 128 / 64)
+    opt = build_optimizer(tiny_model(), cfg(batch=24), device_type="cpu")
+    assert opt.param_groups[0]["weight_decay"] == pytest.approx(5e-4 * 24 * 3 / 64)
+
+
+def test_adamw_uses_momentum_as_beta1():
+    opt = build_optimizer(tiny_model(), cfg(optimizer="AdamW", lr0=0.001), device_type="cpu")
+    assert isinstance(opt, torch.optim.AdamW)
+    assert opt.param_groups[0]["betas"] == (0.937, 0.999)
+
+
+def test_frozen_parameters_are_left_out_and_empty_groups_dropped():
+    model = nn.Linear(3, 2, bias=False)
+    opt = build_optimizer(model, cfg(), device_type="cpu")
+    assert [g["name"] for g in opt.param_groups] == ["weights"]
+    model.weight.requires_grad_(False)
+    with pytest.raises(ConfigError):
+        build_optimizer(model, cfg(), device_type="cpu")
+
+
+def test_bad_optimizer_name_is_a_one_line_config_error():
+    with pytest.raises(ConfigError) as info:
+        build_optimizer(tiny_model(), cfg(optimizer="lion"), device_type="cpu")
+    assert "\n" not in str(info.value) and "lion" in str(info.value)
+
+
+def test_implementation_is_fused_on_cuda_where_supported():
+    assert implementation_kwargs(torch.optim.SGD, "cpu") == {}
+    assert implementation_kwargs(torch.optim.AdamW, "cuda") == {"fused": True}
+
+    class OldStyle(torch.optim.Optimizer):  # no fused argument: fall back to foreach
+        def __init__(self, params, lr=0.1, foreach=None):
+            super().__init__(params, {"lr": lr})
+
+    assert implementation_kwargs(OldStyle, "cuda") == {"foreach": True}
+
+
+def test_sgd_step_runs():
+    model = tiny_model()
+    opt = build_optimizer(model, cfg(), device_type="cpu")
+    before = model[0].weight.detach().clone()
+    model(torch.randn(2, 3, 3, 3)).sum().backward()
+    opt.step()
+    assert not torch.equal(before, model[0].weight)

@@ -1,0 +1,109 @@
+import itertools
+from types import SimpleNamespace
+
+import pytest
+from torch import nn
+
+from libreyolo.engine.optim import build_optimizer
+from libreyolo.engine.schedule import LRSchedule
+from libreyolo.errors import ConfigError
+
+
+def cfg(**kw):
+    base = {
+        "optimizer": "sgd", "lr0": 0.01, "lrf": 0.01, "lr_schedule": "cosine", "epochs": 10,
+        "momentum": 0.937, "weight_decay": 5e-4, "batch": 16, "nbs": 64, "warmup_epochs": 3.0,
+        "warmup_momentum": 0.8, "warmup_bias_lr": 0.1,
+    }
+    return SimpleNamespace(**{**base, **kw})
+
+
+def make(c, steps_per_epoch=50, accumulate=4):
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
+    opt = build_optimizer(model, c, device_type="cpu")
+    return opt, LRSchedule(opt, c, steps_per_epoch, accumulate)
+
+
+def lrs(opt):
+    return {g["name"]: g["lr"] for g in opt.param_groups}
+
+
+def test_warmup_endpoints_and_bias_group():
+    opt, sched = make(cfg())
+    assert sched.warmup_batches == 150  # 3 epochs x 50 batches, above the 100-batch floor
+    sched.step(0)
+    assert lrs(opt) == {"weights": 0.0, "norm": 0.0, "bias": pytest.approx(0.1)}
+    assert opt.param_groups[0]["momentum"] == pytest.approx(0.8)
+    sched.step(75)  # halfway, still epoch 1 (target lr0 * cosine factor of epoch 1)
+    target = sched.epoch_lr(1)
+    assert lrs(opt)["weights"] == pytest.approx(target / 2)
+    assert lrs(opt)["bias"] == pytest.approx((0.1 + target) / 2)
+    assert opt.param_groups[2]["momentum"] == pytest.approx((0.8 + 0.937) / 2)
+    sched.step(150)
+    assert list(lrs(opt).values()) == pytest.approx([sched.epoch_lr(3)] * 3)
+    assert opt.param_groups[1]["momentum"] == pytest.approx(0.937)
+
+
+def test_warmup_floor_and_no_warmup():
+    _, sched = make(cfg(warmup_epochs=1.0), steps_per_epoch=10)
+    assert sched.warmup_batches == 100
+    opt, sched = make(cfg(warmup_epochs=0))
+    assert sched.warmup_batches == 0
+    sched.step(0)
+    assert list(lrs(opt).values()) == pytest.approx([0.01] * 3)
+    assert opt.param_groups[0]["momentum"] == pytest.approx(0.937)
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear"])
+def test_decay_endpoints(kind):
+    _, sched = make(cfg(lr_schedule=kind, epochs=11))
+    assert sched.epoch_lr(0) == pytest.approx(0.01)
+    assert sched.epoch_lr(10) == pytest.approx(0.01 * 0.01)
+    assert sched.epoch_lr(5) == pytest.approx((0.01 + 0.0001) / 2)  # both pass the midpoint
+    quarter = sched.epoch_lr(2.5)
+    if kind == "linear":
+        assert quarter == pytest.approx(0.01 - 0.25 * (0.01 - 0.0001))
+    else:  # a cosine stays near lr0 longer
+        assert quarter > 0.01 - 0.25 * (0.01 - 0.0001)
+    lr = [sched.epoch_lr(e) for e in range(11)]
+    assert all(a > b for a, b in itertools.pairwise(lr))
+
+
+def test_adamw_beta1_follows_the_momentum_warmup():
+    opt, sched = make(cfg(optimizer="adamw", lr0=0.001))
+    sched.step(0)
+    assert opt.param_groups[0]["betas"] == (pytest.approx(0.8), 0.999)
+    sched.step(10_000)
+    assert opt.param_groups[0]["betas"] == (pytest.approx(0.937), 0.999)
+
+
+def test_accumulation_ramps_during_warmup():
+    _, sched = make(cfg(), accumulate=4)
+    assert sched.accumulate_at(0, 0) == 1
+    assert sched.accumulate_at(2, 0) == 3  # 100 of 150 warmup batches: 1 + 3 * 2/3
+    assert sched.accumulate_at(3, 0) == 4
+
+
+def test_resume_continues_the_same_schedule():
+    c, spe = cfg(epochs=4), 40
+    opt, sched = make(c, steps_per_epoch=spe)
+    history = []
+    for i in range(4 * spe):
+        sched.step(i)
+        history.append(list(lrs(opt).values()) + [opt.param_groups[0]["momentum"]])
+        if i == 2 * spe + 7:
+            saved = sched.state_dict()
+    # A fresh optimizer and schedule, as after loading a checkpoint.
+    opt2, sched2 = make(c, steps_per_epoch=spe)
+    sched2.load_state_dict(saved)
+    assert list(lrs(opt2).values()) + [opt2.param_groups[0]["momentum"]] == history[2 * spe + 7]
+    for i in range(2 * spe + 8, 4 * spe):
+        sched2.step(i)
+        assert list(lrs(opt2).values()) + [opt2.param_groups[0]["momentum"]] == history[i]
+    # The pure form gives the same numbers without stepping.
+    assert sched2.lr_at(3, 5) == history[3 * spe + 5][:3]
+
+
+def test_bad_schedule_name_is_a_config_error():
+    with pytest.raises(ConfigError):
+        make(cfg(lr_schedule="step"))

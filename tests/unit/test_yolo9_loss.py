@@ -1,0 +1,243 @@
+"""YOLOv9 loss and task-aligned assigner: hand-worked assignment, CIoU/DFL references,
+vectorisation (batch == one image at a time), finiteness with empty images, cfg gains."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from libreyolo.families.base import Targets
+from libreyolo.families.common import bbox_iou, dfl_loss
+from libreyolo.families.yolo9 import build, criterion
+from libreyolo.families.yolo9.assign import TaskAlignedAssigner
+
+
+def _random_targets(gen, b, m, px, nc, counts):
+    """Padded targets with counts[i] valid boxes in image i (padding rows hold junk on purpose)."""
+    xy = torch.rand(b, m, 2, generator=gen) * px * 0.7
+    wh = 4 + torch.rand(b, m, 2, generator=gen) * px * 0.5
+    boxes = torch.cat((xy, (xy + wh).clamp(max=px)), -1)
+    labels = torch.randint(0, nc, (b, m), generator=gen)
+    valid = torch.arange(m).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)
+    return Targets(boxes, labels, valid)
+
+
+# ----------------------------------------------------------------------------- assigner
+def _hand_example():
+    """Six anchors on a row (y = 5, x = 5..55); two gts; a padded third gt covering everything.
+
+    gt0 [0, 0, 30, 10] class 0 contains anchors 0, 1, 2; gt1 [20, 0, 60, 10] class 1 contains
+    anchors 2, 3, 4, 5. All scores are 0.5, so ranking is by CIoU with the predicted boxes:
+      anchor 0 predicts gt0 exactly (CIoU 1), anchor 1 a centred 20x6 box (IoU 0.4 with gt0),
+      anchor 2 predicts gt1 exactly (CIoU 1 with gt1, IoU 1/6 with gt0),
+      anchor 3 a centred 30x8 box (IoU 0.6 with gt1), anchor 4 a centred 20x6 box (IoU 0.3),
+      anchor 5 an off-centre 10x10 box (IoU 0.25, minus a centre penalty: CIoU ~0.12).
+    """
+    points = torch.tensor([[5.0, 5], [15, 5], [25, 5], [35, 5], [45, 5], [55, 5]])
+    pd_boxes = torch.tensor([[[0.0, 0, 30, 10], [5, 2, 25, 8], [20, 0, 60, 10],
+                              [25, 1, 55, 9], [30, 2, 50, 8], [50, 0, 60, 10]]])
+    pd_scores = torch.full((1, 6, 2), 0.5)
+    gt_boxes = torch.tensor([[[0.0, 0, 30, 10], [20, 0, 60, 10], [0, 0, 64, 64]]])
+    gt_labels = torch.tensor([[0, 1, 1]])
+    valid = torch.tensor([[True, True, False]])
+    return pd_scores, pd_boxes, points, gt_labels, gt_boxes, valid
+
+
+def test_assigner_hand_worked_topk3():
+    # top-3: gt0 takes {0, 1, 2}, gt1 takes {2, 3, 4} (anchor 5 ranks last). Anchor 2 is claimed
+    # twice and goes to gt1, which it overlaps with CIoU 1 (vs IoU 1/6 with gt0).
+    out = TaskAlignedAssigner(2, topk=3)(*_hand_example())
+    assert out.fg.tolist() == [[True, True, True, True, True, False]]
+    gt0, gt1 = [0.0, 0, 30, 10], [20.0, 0, 60, 10]
+    assert out.boxes[0, :5].tolist() == [gt0, gt0, gt1, gt1, gt1]
+    # Soft targets: t = s^0.5 u^6 normalised per gt so its best anchor gets its best IoU (1 here):
+    # an exact prediction scores 1, the others ~IoU^6 (centred boxes: CIoU ~ IoU).
+    s = out.scores[0]
+    assert s[:, 1].tolist()[:2] == [0.0, 0.0] and s[2:, 0].tolist() == [0.0] * 4
+    assert s[0, 0].item() == pytest.approx(1.0, abs=1e-5)
+    assert s[2, 1].item() == pytest.approx(1.0, abs=1e-5)
+    assert s[1, 0].item() == pytest.approx(0.4 ** 6, rel=0.02)
+    assert s[3, 1].item() == pytest.approx(0.6 ** 6, rel=0.02)
+    assert s[4, 1].item() == pytest.approx(0.3 ** 6, rel=0.02)
+    assert s[5].tolist() == [0.0, 0.0]
+
+
+def test_assigner_hand_worked_default_topk_and_empty_image():
+    pd_scores, pd_boxes, points, labels, boxes, valid = _hand_example()
+    # Image 1 is the same picture with no valid gt: nothing may be assigned there.
+    batch = (pd_scores.repeat(2, 1, 1), pd_boxes.repeat(2, 1, 1), points, labels.repeat(2, 1),
+             boxes.repeat(2, 1, 1), torch.cat((valid, torch.zeros_like(valid))))
+    out = TaskAlignedAssigner(2)(*batch)  # top-10 > candidates: every candidate is positive
+    assert out.fg.tolist() == [[True] * 6, [False] * 6]
+    assert out.boxes[0, :, 0].tolist() == [0.0, 0.0, 20.0, 20.0, 20.0, 20.0]
+    assert out.scores[1].abs().sum() == 0
+
+
+def _reference_assign(pd_scores, pd_boxes, points, labels, boxes, valid, topk=10):
+    """Loop-per-gt reference written straight from the TOOD/YOLOv9 description."""
+    b, a, c = pd_scores.shape
+    fg = torch.zeros(b, a, dtype=torch.bool)
+    scores = torch.zeros(b, a, c)
+    for i in range(b):
+        claims = {}  # anchor -> list of (gt, overlap, metric)
+        for j in range(boxes.shape[1]):
+            if not valid[i, j]:
+                continue
+            x1, y1, x2, y2 = boxes[i, j].tolist()
+            inside = [k for k in range(a) if x1 < points[k, 0] < x2 and y1 < points[k, 1] < y2]
+            u = {k: max(bbox_iou(boxes[i, j], pd_boxes[i, k], ciou=True).item(), 0.0) for k in inside}
+            t = {k: pd_scores[i, k, labels[i, j]].item() ** 0.5 * u[k] ** 6 for k in inside}
+            for k in sorted(inside, key=lambda k: -t[k])[:topk]:
+                claims.setdefault(k, []).append((j, u[k], t[k]))
+        per_gt = {}
+        for k, cl in claims.items():
+            j, u, t = max(cl, key=lambda e: e[1]) if len(cl) > 1 else cl[0]
+            per_gt.setdefault(j, []).append((k, u, t))
+        for j, members in per_gt.items():
+            best_u = max(u for _, u, _ in members)
+            best_t = max(t for _, _, t in members)
+            for k, _, t in members:
+                fg[i, k] = True
+                scores[i, k, labels[i, j]] = t * best_u / (best_t + 1e-9)
+    return fg, scores
+
+
+def test_assigner_matches_loop_reference_on_random_scene():
+    gen = torch.Generator().manual_seed(3)
+    a_side = 8
+    ys, xs = torch.meshgrid(torch.arange(a_side) + 0.5, torch.arange(a_side) + 0.5, indexing="ij")
+    points = torch.stack((xs, ys), -1).reshape(-1, 2) * 8  # 64 anchors, stride 8
+    b, a, c = 3, a_side * a_side, 4
+    pd_scores = torch.rand(b, a, c, generator=gen)
+    centre = points.unsqueeze(0) + (torch.rand(b, a, 2, generator=gen) - 0.5) * 8
+    half = 4 + torch.rand(b, a, 2, generator=gen) * 16
+    pd_boxes = torch.cat((centre - half, centre + half), -1)
+    tg = _random_targets(gen, b, 8, 64, c, [3, 0, 6])
+    out = TaskAlignedAssigner(c, topk=5)(pd_scores, pd_boxes, points, tg.labels, tg.boxes, tg.valid)
+    fg, scores = _reference_assign(pd_scores, pd_boxes, points, tg.labels, tg.boxes, tg.valid, 5)
+    assert fg.any() and torch.equal(out.fg, fg)
+    assert torch.allclose(out.scores, scores, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- CIoU / DFL
+def _ciou_reference(b1, b2):
+    x1, y1, x2, y2 = b1
+    u1, v1, u2, v2 = b2
+    w1, h1, w2, h2 = x2 - x1, y2 - y1, u2 - u1, v2 - v1
+    iw = max(0.0, min(x2, u2) - max(x1, u1))
+    ih = max(0.0, min(y2, v2) - max(y1, v1))
+    inter = iw * ih
+    iou = inter / (w1 * h1 + w2 * h2 - inter)
+    diag2 = (max(x2, u2) - min(x1, u1)) ** 2 + (max(y2, v2) - min(y1, v1)) ** 2
+    centre2 = ((x1 + x2) / 2 - (u1 + u2) / 2) ** 2 + ((y1 + y2) / 2 - (v1 + v2) / 2) ** 2
+    v = 4 / math.pi ** 2 * (math.atan(w2 / h2) - math.atan(w1 / h1)) ** 2
+    alpha = v / (1 - iou + v)
+    return iou - centre2 / diag2 - alpha * v
+
+
+def test_ciou_matches_reference_formula():
+    gen = torch.Generator().manual_seed(0)
+    xy = torch.rand(2, 200, 2, generator=gen, dtype=torch.float64) * 50
+    wh = 1 + torch.rand(2, 200, 2, generator=gen, dtype=torch.float64) * 40
+    b1, b2 = torch.cat((xy[0], xy[0] + wh[0]), -1), torch.cat((xy[1], xy[1] + wh[1]), -1)
+    got = bbox_iou(b1, b2, ciou=True)
+    want = torch.tensor([_ciou_reference(p.tolist(), q.tolist()) for p, q in zip(b1, b2)],
+                        dtype=torch.float64)
+    assert torch.allclose(got, want, atol=1e-6)
+    # Pairwise broadcasting gives the same numbers as the element-wise call.
+    pair = bbox_iou(b1[:5, None], b2[None, :7], ciou=True)
+    assert pair.shape == (5, 7)
+    assert torch.allclose(pair[2, 4], bbox_iou(b1[2], b2[4], ciou=True))
+    assert torch.allclose(bbox_iou(b1, b1, ciou=True), torch.ones(200, dtype=torch.float64))
+
+
+def test_dfl_loss_matches_two_bin_cross_entropy():
+    logits = torch.randn(3, 4, 16)
+    target = torch.tensor([[0.0, 2.5, 7.25, 14.98]] * 3)
+    logp = logits.log_softmax(-1)
+    want = torch.zeros(3)
+    for i in range(3):
+        for side in range(4):
+            t = target[i, side].item()
+            lo = math.floor(t)
+            want[i] -= ((lo + 1 - t) * logp[i, side, lo] + (t - lo) * logp[i, side, lo + 1]) / 4
+    assert torch.allclose(dfl_loss(logits, target), want, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- full loss
+@pytest.mark.parametrize("size", ["t", "s", "m", "c"])
+def test_forward_backward_finite_every_size(size):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    model = build(size, 3).train()
+    crit = criterion(model, None)
+    x = torch.rand(3, 3, 64, 64)
+    tg = _random_targets(gen, 3, 8, 64, 3, [4, 0, 1])  # image 1 has no boxes
+    loss, items = crit(model.forward_train(model.capturable(x), tg), tg)
+    assert loss.ndim == 0 and items.shape == (3,) and not items.requires_grad
+    assert torch.isfinite(loss) and torch.isfinite(items).all() and loss > 0
+    assert torch.allclose(loss, items.sum() * 3)
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_all_empty_batch_is_finite():
+    torch.manual_seed(0)
+    model = build("t", 2).train()
+    crit = criterion(model, None)
+    tg = Targets(torch.zeros(2, 8, 4), torch.zeros(2, 8, dtype=torch.long),
+                 torch.zeros(2, 8, dtype=torch.bool))
+    loss, items = crit(model(torch.rand(2, 3, 64, 64)), tg)
+    assert torch.isfinite(loss) and items[0] == 0 and items[2] == 0 and items[1] > 0
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_batch_loss_equals_per_image_sums():
+    """Everything but the normaliser is per image, so the batched (vectorised) loss must equal
+    sum_i raw_i / max(sum_i norm_i, 1) computed one image at a time."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(2)
+    model = build("t", 3).train()
+    crit = criterion(model, None)
+    x = torch.rand(4, 3, 64, 96)
+    tg = _random_targets(gen, 4, 8, 64, 3, [2, 0, 5, 8])
+    with torch.no_grad():
+        preds = model(x)
+        loss, items = crit(preds, tg)
+        raws, norms = [], []
+        for i in range(4):
+            one = Targets(*(t[i:i + 1] for t in tg))
+            r, n = crit.per_image(tuple(p[i:i + 1] for p in preds), one)
+            raws.append(r[0])
+            norms.append(n[0])
+        batch_raw, batch_norm = crit.per_image(preds, tg)
+    assert torch.allclose(batch_raw, torch.stack(raws), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(batch_norm, torch.stack(norms), rtol=1e-5, atol=1e-6)
+    want_items = torch.stack(raws).sum(0) / torch.stack(norms).sum().clamp(min=1)
+    assert torch.allclose(items, want_items, rtol=1e-5)
+    assert torch.allclose(loss, want_items.sum() * 4, rtol=1e-5)
+    assert batch_raw[1, 0] == 0 and batch_raw[1, 2] == 0 and batch_norm[1] == 0  # empty image
+
+
+def test_gains_from_cfg_and_float32_under_autocast():
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(4)
+    model = build("t", 3).train()
+    tg = _random_targets(gen, 2, 8, 64, 3, [3, 2])
+    with torch.no_grad():
+        preds = model(torch.rand(2, 3, 64, 64))
+    base = criterion(model, None)
+    doubled = criterion(model, SimpleNamespace(box=15.0, cls=1.0, dfl=3.0))
+    _, items = base(preds, tg)
+    _, items2 = doubled(preds, tg)
+    assert base.gains == (7.5, 0.5, 1.5)
+    assert torch.allclose(items2, items * 2, rtol=1e-5)
+    loss16, items16 = base(tuple(p.to(torch.bfloat16) for p in preds), tg)
+    assert loss16.dtype == torch.float32 and torch.isfinite(items16).all()
+    # Called inside an autocast region the loss must still run in float32.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, items_ac = base(preds, tg)
+    assert items_ac.dtype == torch.float32 and torch.allclose(items_ac, items, rtol=1e-6)

@@ -1,0 +1,137 @@
+"""YOLOv9 network: published size figures, contract, predict, deploy fusion, channels_last, spec."""
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from libreyolo.errors import ConfigError
+from libreyolo.families import get_family, parse_arch
+from libreyolo.families.common import prior_prob_bias
+from libreyolo.families.yolo9 import ARCHS, build
+from libreyolo.families.yolo9.spec import SPEC
+
+# Published (README of WongKinYiu/yolov9 and the paper, table 1): params, GFLOPs at 640, COCO
+# (80 classes). They describe the converted inference model in deploy form: auxiliary branch
+# removed, BatchNorm folded into the convs and RepConvN branches merged (the authors' val/export
+# path calls fuse() before counting). GFLOPs there are thop MACs x 2; FlopCounterMode also counts a
+# convolution as 2 x MACs and ignores BN/activations/pooling, like thop's conv count, so the two
+# conventions agree. Measured here: t 2.002M 7.71G, s 7.106M 26.38G, m 19.97M 76.28G,
+# c 25.29M 102.14G (train form, unfused: t 2.04M 7.79G, s 7.23M 26.71G, m 20.11M 76.77G,
+# c 25.50M 102.82G).
+PUBLISHED = {"t": (2.0e6, 7.7), "s": (7.1e6, 26.4), "m": (20.0e6, 76.3), "c": (25.3e6, 102.1)}
+
+
+def _gflops(model, px):
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model.capturable(torch.zeros(1, 3, px, px))
+    return counter.get_total_flops() / 1e9
+
+
+@pytest.mark.parametrize("size", SPEC.sizes)
+def test_params_and_gflops_match_published(size):
+    torch.manual_seed(0)
+    model = build(size, 80).eval()
+    train_params = sum(p.numel() for p in model.parameters())
+    model.fuse()  # deploy form: what the published figures count
+    params = sum(p.numel() for p in model.parameters())
+    gflops = _gflops(model, 640)
+    want_params, want_gflops = PUBLISHED[size]
+    assert abs(params / want_params - 1) < 0.02, params
+    assert abs(gflops / want_gflops - 1) < 0.02, gflops
+    # Fusion removes BN affine params and the 1x1 RepConvN branches, never adds any.
+    assert params < train_params < params * 1.03
+
+
+def test_sizes_match_registry():
+    assert tuple(ARCHS) == SPEC.sizes == ("t", "s", "m", "c")
+
+
+@pytest.mark.parametrize("size", ["t", "c"])
+def test_capturable_and_predict_shapes(size):
+    torch.manual_seed(0)
+    model = build(size, 5)
+    assert model.num_classes == 5 and model.strides == (8, 16, 32) and model.reg_max == 16
+    x = torch.rand(2, 3, 64, 96)
+    model.train()
+    out = model.capturable(x)
+    assert isinstance(out, tuple) and len(out) == 3
+    for o, s in zip(out, model.strides):
+        assert o.shape == (2, 4 * 16 + 5, 64 // s, 96 // s)
+    assert model.forward_train(out, None) is out
+    model.eval()
+    with torch.no_grad():
+        pred = model.predict(x)
+        assert torch.equal(model(x), pred)  # eval forward = predict
+    a = sum((64 // s) * (96 // s) for s in model.strides)
+    assert pred.shape == (2, a, 4 + 5)
+    boxes, scores = pred[..., :4], pred[..., 4:]
+    assert torch.isfinite(pred).all()
+    assert (scores >= 0).all() and (scores <= 1).all()
+    assert (boxes[..., 2] >= boxes[..., 0]).all() and (boxes[..., 3] >= boxes[..., 1]).all()
+    # DFL distances lie in [0, reg_max - 1] grid cells around each anchor centre.
+    cx = (boxes[..., 0] + boxes[..., 2]) / 2
+    assert (boxes[..., 2] - boxes[..., 0]).max() <= 2 * 15 * 32 + 1e-3
+    assert cx.min() > -15 * 32 and cx.max() < 96 + 15 * 32
+
+
+def test_head_bias_init():
+    model = build("s", 7)
+    for box, cls, s in zip(model.net.head.box, model.net.head.cls, model.strides):
+        assert torch.all(box[-1].bias == 1.0)
+        want = math.log(5 / 7 / (640 / s) ** 2)
+        assert torch.allclose(cls[-1].bias, torch.full_like(cls[-1].bias, want))
+        assert prior_prob_bias(7, s) == pytest.approx(want)
+
+
+def test_fuse_keeps_eval_outputs():
+    torch.manual_seed(0)
+    model = build("t", 3)
+    # Non-trivial BN statistics and affine params so the fold is actually exercised.
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+            torch.nn.init.uniform_(m.weight, 0.5, 1.5)
+            torch.nn.init.uniform_(m.bias, -0.2, 0.2)
+    model.eval()
+    x = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        ref = model.capturable(x)
+        model.fuse()
+        got = model.capturable(x)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    for r, g in zip(ref, got):
+        assert torch.allclose(r, g, atol=1e-4, rtol=1e-4)
+
+
+def test_channels_last_matches_contiguous():
+    torch.manual_seed(0)
+    model = build("t", 4).eval()
+    x = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        ref = model.capturable(x)
+        model = model.to(memory_format=torch.channels_last)
+        got = model.capturable(x.contiguous(memory_format=torch.channels_last))
+        pred = model.predict(x.contiguous(memory_format=torch.channels_last))
+    assert pred.shape == (2, 84, 8)
+    for r, g in zip(ref, got):
+        assert torch.allclose(r, g, atol=1e-4, rtol=1e-4)
+
+
+def test_build_rejects_bad_arguments():
+    with pytest.raises(ConfigError, match="size"):
+        build("x", 80)
+    with pytest.raises(ConfigError, match="num_classes"):
+        build("t", 0)
+
+
+def test_spec_is_registered():
+    assert get_family("yolov9") is SPEC and get_family("yolo9") is SPEC
+    assert SPEC.weights_prefix == "LibreYOLO9" and SPEC.capture.region == "network"
+    assert parse_arch("YOLOv9-tiny") == (SPEC, "t")
+    assert parse_arch("yolo9c") == (SPEC, "c")
+    model = SPEC.build("t", 2)
+    crit = SPEC.criterion(model, None)
+    assert crit.item_names == ("box", "cls", "dfl")
