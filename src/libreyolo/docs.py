@@ -33,6 +33,10 @@ Resolved once per run from `amp`, `amp_dtype` and the device; the run log states
 """
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a bare pipe would split the markdown table cell
+
+
 def hyperparameters_markdown() -> str:
     lines = ["# Hyperparameters", "",
              "Generated from `libreyolo.config.TrainConfig` by `libreyolo cfg --markdown`; do not edit by hand.",
@@ -41,6 +45,6 @@ def hyperparameters_markdown() -> str:
     rows = config_table()
     for group, title in _GROUPS.items():
         lines += [f"## {title}", "", "| key | default | type | meaning |", "|---|---|---|---|"]
-        lines += [f"| `{r['key']}` | `{r['default']}` | {r['type']} | {r['doc']} |" for r in rows if r["group"] == group]
+        lines += [f"| `{r['key']}` | `{r['default']}` | {_cell(r['type'])} | {r['doc']} |" for r in rows if r["group"] == group]
         lines.append("")
     return "\n".join(lines) + "\n" + PRECISION

@@ -97,3 +97,36 @@ def test_sgd_step_runs():
     model(torch.randn(2, 3, 3, 3)).sum().backward()
     opt.step()
     assert not torch.equal(before, model[0].weight)
+
+
+def test_skipped_first_fused_step_leaves_finite_momentum():
+    """GradScaler skipping the very first step (float16 overflow) must not poison SGD momentum."""
+    from libreyolo.engine.optim import zero_momentum_buffers
+
+    p = torch.nn.Parameter(torch.ones(4096))
+    opt = torch.optim.SGD([p], lr=0.1, momentum=0.9, nesterov=True, fused=True)
+    zero_momentum_buffers(opt)
+    p.grad = torch.ones(4096)
+    opt.grad_scale, opt.found_inf = None, torch.ones(())  # what GradScaler.step passes on overflow
+    opt.step()
+    del opt.grad_scale, opt.found_inf
+    assert torch.equal(p.detach(), torch.ones(4096))
+    assert torch.equal(opt.state[p]["momentum_buffer"], torch.zeros(4096))
+    opt.step()  # the first real step: same as torch's own first step, buf = grad
+    assert torch.allclose(p.detach(), torch.ones(4096) - 0.1 * (1 + 0.9) * 1.0)
+
+
+def test_zero_momentum_start_matches_torch_first_step():
+    from libreyolo.engine.optim import zero_momentum_buffers
+
+    a = torch.nn.Parameter(torch.randn(64))
+    b = torch.nn.Parameter(a.detach().clone())
+    opt_a = torch.optim.SGD([a], lr=0.05, momentum=0.937, nesterov=True)
+    opt_b = torch.optim.SGD([b], lr=0.05, momentum=0.937, nesterov=True)
+    zero_momentum_buffers(opt_b)
+    for _ in range(3):
+        g = torch.randn(64)
+        a.grad, b.grad = g.clone(), g.clone()
+        opt_a.step()
+        opt_b.step()
+    assert torch.allclose(a, b)

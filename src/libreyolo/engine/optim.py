@@ -74,7 +74,24 @@ def build_optimizer(model: nn.Module, cfg: Any, *, device_type: str) -> torch.op
     else:
         cls = torch.optim.AdamW
         kwargs = {"betas": (cfg.momentum, 0.999)}
-    return cls(groups, lr=cfg.lr0, **kwargs, **implementation_kwargs(cls, device_type))
+    optimizer = cls(groups, lr=cfg.lr0, **kwargs, **implementation_kwargs(cls, device_type))
+    if name == "sgd" and cfg.momentum > 0:
+        zero_momentum_buffers(optimizer)
+    return optimizer
+
+
+def zero_momentum_buffers(optimizer: torch.optim.SGD) -> None:
+    """Start every SGD momentum buffer at zero instead of letting the first step create it.
+
+    Fused SGD creates the buffers with `empty_like` on its first step and fills them in the
+    kernel; when GradScaler skips that first step for an overflow (usual with float16: the scale
+    starts at 2**16), the kernel returns early and the buffers keep uninitialised memory (NaN,
+    1e38), which the next real step writes into the weights. A zero buffer gives the same first
+    update as torch's own first step (buf = momentum * 0 + grad = grad).
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def implementation_kwargs(cls: type, device_type: str) -> dict[str, bool]:
