@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -177,11 +178,15 @@ def bench_step(user: dict[str, Any], arms: list[str], steps: int = 24, warmup: i
     for arm in arms:
         if arm not in ARMS:
             raise ConfigError(f"unknown arm '{arm}' (allowed: {', '.join(ARMS)})")
+    log = logging.getLogger("libreyolo")
     with tempfile.TemporaryDirectory(prefix="libreyolo-bench-") as tmp:
         workdir = Path(tmp)
         prepare(user, workdir)
         results = []
-        for arm in arms:
+        for i, arm in enumerate(arms, 1):
+            # Progress on stderr: an arm is a fresh process (import, CUDA init, cuDNN autotune,
+            # profiler start-up), tens of seconds each on a GPU.
+            log.info(f"bench: arm {i}/{len(arms)} '{arm}' ({warmup} warm-up + 3 x {steps} steps)")
             proc = subprocess.run([sys.executable, "-m", "libreyolo.bench", str(workdir), arm, str(steps), str(warmup)],
                                   capture_output=True, text=True, env={**os.environ})
             lines = proc.stdout.strip().splitlines()
@@ -189,6 +194,7 @@ def bench_step(user: dict[str, Any], arms: list[str], steps: int = 24, warmup: i
                 message = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 raise ConfigError(f"bench arm '{arm}' failed: {message}")
             results.append(json.loads(lines[-1]))
+            log.info(f"bench: arm '{arm}' median step {results[-1]['step_ms_median']:.2f} ms")
     base = results[0]["step_ms_median"]
     for r in results:
         r["speedup"] = base / r["step_ms_median"]

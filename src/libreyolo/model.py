@@ -70,13 +70,10 @@ def resolve_model(name: str) -> ModelSource:
     if official is not None:
         spec, size = official
         cached = cache_dir() / "weights" / path.name
-        if not cached.is_file():
-            _try_download(path.name, cached)
-        if cached.is_file():
-            ckpt = load_checkpoint(cached)
-            return ModelSource(spec, size, ckpt, cached)
-        log.warning(f"weights {path.name} are not available offline; building {arch_name(spec, size)} "
-                    f"from scratch (random init)")
+        problem = None if cached.is_file() else _try_download(path.name, cached)
+        if problem is None:
+            return ModelSource(spec, size, load_checkpoint(cached), cached)
+        log.warning(f"{problem}; building {arch_name(spec, size)} from scratch (random init)")
         return ModelSource(spec, size, None, None)
     arch = parse_arch(name)
     if arch is not None:
@@ -89,14 +86,20 @@ def resolve_model(name: str) -> ModelSource:
                          f"(e.g. {examples})")
 
 
-def _try_download(name: str, dest: Path) -> None:
+def _try_download(name: str, dest: Path) -> str | None:
+    """Fetch official weights into the cache; None on success, else why not (one line)."""
     from .data.download import download_file
+    from .engine.checkpoint import load_checkpoint
+    from .errors import CheckpointError
 
     url = os.environ.get("LIBREYOLO_WEIGHTS_URL", DEFAULT_WEIGHTS_URL).rstrip("/") + "/" + name
     try:
         download_file(url, dest)
-    except DataError as exc:
-        log.warning(f"could not download {name}: {exc}")
+        load_checkpoint(dest)  # an HTML error page saved as .pt must not poison the cache
+    except (DataError, CheckpointError) as exc:
+        dest.unlink(missing_ok=True)
+        return f"weights {name} are not available ({exc})"
+    return None
 
 
 def _transfer(model, state: dict, origin: Path) -> None:

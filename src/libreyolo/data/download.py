@@ -68,9 +68,23 @@ def _download(url: str, dest: Path, name: str, root: Path) -> str:
                 f.write(chunk)
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", None) or e
-        raise DataError(f"{name}: could not download {url} ({reason}); place the dataset at "
-                        f"{root} yourself, or use data=shapes (built in, no download)") from None
+        hint = ("use data=shapes (built in, no download)" if root.suffix != ".pt"
+                else "or build from scratch with an architecture name")
+        raise DataError(f"{name}: could not download {url} ({reason}); place it at {root} yourself, {hint}") from None
     return h.hexdigest()
+
+
+def download_file(url: str, dest: Path) -> Path:
+    """Download `url` to `dest` through a temp file + rename; one-line DataError on failure."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    os.close(fd)
+    try:
+        _download(url, Path(tmp), dest.name, dest)
+        os.replace(tmp, dest)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return dest
 
 
 def _safe_extract(archive: Path, dest: Path, name: str) -> None:

@@ -103,6 +103,7 @@ class ValidationHook(Hook):
         if not cfg.val or not (last or (trainer.epoch + 1) % cfg.eval_interval == 0):
             return
         trainer.metrics = trainer.validate()
+        trainer.validated_epoch = trainer.epoch
         fitness = 0.9 * trainer.metrics["map50_95"] + 0.1 * trainer.metrics["map50"]
         if fitness > trainer.best_fitness or trainer.best_epoch < 0:
             trainer.best_fitness, trainer.best_epoch = fitness, trainer.epoch
@@ -122,8 +123,9 @@ class ResultsHook(Hook):
         row = {"epoch": trainer.epoch + 1}
         row.update({f"train/{k}": round(v, 6) for k, v in trainer.epoch_losses().items()})
         row["lr"] = trainer.optimizer.param_groups[0]["lr"]
-        row["map50_95"] = round(trainer.metrics["map50_95"], 6) if trainer.metrics else ""
-        row["map50"] = round(trainer.metrics["map50"], 6) if trainer.metrics else ""
+        fresh = bool(trainer.metrics) and trainer.validated_epoch == trainer.epoch  # blank when not validated
+        row["map50_95"] = round(trainer.metrics["map50_95"], 6) if fresh else ""
+        row["map50"] = round(trainer.metrics["map50"], 6) if fresh else ""
         row["seconds"] = round(time.perf_counter() - self._t0, 3)
         row["skipped_steps"] = trainer.precision.skipped_steps()
         path = trainer.run_dir / "results.csv"

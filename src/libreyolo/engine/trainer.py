@@ -67,6 +67,7 @@ class Trainer:
         self.start_epoch, self.epoch, self.batch_index, self.iteration = 0, 0, 0, 0
         self.best_fitness, self.best_epoch, self.improved, self.stop = -1.0, -1, False, False
         self.metrics: dict[str, float] = {}
+        self.validated_epoch = -1
         self.last_log: dict[str, float] | None = None
         self.item_names = tuple(self.criterion.item_names)
         if resume is not None:

@@ -1,0 +1,184 @@
+"""Checkpoints: atomic save/load round trip, one-line CheckpointErrors for every kind of bad file,
+exact RNG-stream restore, precision state through a checkpoint, and weights_only loading."""
+
+import pickle
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from libreyolo.engine.checkpoint import MAGIC, SCHEMA, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
+from libreyolo.engine.precision import Precision, Resolution
+from libreyolo.errors import CheckpointError
+
+CPU = torch.device("cpu")
+
+
+def _payload(**over) -> dict:
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    payload = {"family": "yolo9", "size": "t", "names": ["a", "b"], "model": model.state_dict(),
+               "epoch": 3, "config": {"lr0": 0.01, "amp": False}}
+    payload.update(over)
+    return payload
+
+
+def _one_line_error(path: Path) -> str:
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    msg = str(err.value)
+    assert msg and "\n" not in msg
+    # No chained traceback under the one line (`from None` where another exception was caught).
+    assert err.value.__cause__ is None
+    assert err.value.__context__ is None or err.value.__suppress_context__
+    return msg
+
+
+@dataclass
+class Foreign:  # not on torch's weights_only allow-list
+    value: int = 1
+
+
+def test_round_trip_is_atomic(tmp_path):
+    payload = _payload()
+    path = save_checkpoint(tmp_path / "sub" / "last.pt", payload)  # parent folder created
+    assert path == tmp_path / "sub" / "last.pt"
+    assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temp file left behind
+    ckpt = load_checkpoint(path)
+    assert ckpt["format"] == MAGIC and ckpt["schema"] == SCHEMA
+    assert {k: ckpt[k] for k in ("family", "size", "names", "epoch", "config")} == \
+        {k: payload[k] for k in ("family", "size", "names", "epoch", "config")}
+    assert ckpt["model"].keys() == payload["model"].keys()
+    assert all(torch.equal(ckpt["model"][k], v) for k, v in payload["model"].items())
+
+
+def test_overwrite_keeps_old_file_when_save_fails(tmp_path):
+    path = save_checkpoint(tmp_path / "last.pt", _payload(epoch=1))
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        save_checkpoint(path, _payload(epoch=2, bad=lambda: 0))  # a lambda cannot be pickled
+    assert load_checkpoint(path)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_truncated_file(tmp_path):
+    whole = save_checkpoint(tmp_path / "whole.pt", _payload()).read_bytes()
+    half = tmp_path / "half.pt"
+    half.write_bytes(whole[: len(whole) // 2])
+    msg = _one_line_error(half)
+    assert msg.startswith(f"'{half}' is not a readable checkpoint (truncated or corrupt")
+
+
+def test_empty_file(tmp_path):
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    assert "truncated or corrupt" in _one_line_error(empty)
+
+
+@pytest.mark.parametrize("obj", [{"state_dict": {"w": torch.zeros(2)}}, torch.zeros(3), [1, 2]])
+def test_foreign_torch_file(tmp_path, obj):
+    path = tmp_path / "foreign.pt"
+    torch.save(obj, path)
+    assert _one_line_error(path) == f"'{path}' is not a LibreYOLO checkpoint (foreign file)"
+
+
+def test_text_file_is_not_a_checkpoint(tmp_path):
+    path = tmp_path / "notes.pt"
+    path.write_text("these are not weights\n" * 20)
+    assert "not a" in _one_line_error(path)
+
+
+def test_newer_schema_says_upgrade(tmp_path):
+    path = save_checkpoint(tmp_path / "new.pt", _payload(schema=SCHEMA + 1))
+    msg = _one_line_error(path)
+    assert f"schema {SCHEMA + 1}" in msg and "upgrade libreyolo" in msg
+
+
+@pytest.mark.parametrize("key", ["family", "size", "names", "model"])
+def test_missing_key(tmp_path, key):
+    payload = _payload()
+    del payload[key]
+    path = save_checkpoint(tmp_path / "partial.pt", payload)
+    assert _one_line_error(path) == (f"'{path}' is missing '{key}'; not a complete LibreYOLO checkpoint")
+
+
+def test_nonexistent_path(tmp_path):
+    path = tmp_path / "nowhere" / "last.pt"
+    assert _one_line_error(path) == f"checkpoint '{path}' does not exist"
+    assert _one_line_error(tmp_path) == f"checkpoint '{tmp_path}' does not exist"  # a folder
+
+
+def _draw() -> tuple:
+    return ([random.random() for _ in range(3)], random.gauss(0, 1),
+            np.random.rand(3).tolist(), float(np.random.standard_normal()),
+            torch.rand(3).tolist(), torch.randint(0, 1000, (4,)).tolist())
+
+
+def test_rng_state_round_trip_through_a_checkpoint(tmp_path):
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    # Leave a cached Gaussian in python's and numpy's generators: that is state too.
+    random.gauss(0, 1)
+    np.random.standard_normal()
+    state = rng_state()
+    expected = _draw()
+    path = save_checkpoint(tmp_path / "rng.pt", _payload(rng=state))  # builds a model: draws from torch
+
+    random.seed(99)
+    np.random.seed(99)
+    torch.manual_seed(99)
+    assert _draw() != expected  # reseeding changed every stream; the restore below is not a no-op
+    restore_rng_state(load_checkpoint(path)["rng"])
+    assert _draw() == expected
+
+
+def _precision(enabled: bool) -> Precision:
+    # An enabled float16 scaler on CPU exercises the full scaler state without a GPU.
+    resolution = Resolution(torch.float16, True, None) if enabled else Resolution(None, False, None)
+    return Precision(CPU, resolution)
+
+
+def _skip_one_step(precision: Precision) -> None:
+    lin = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    precision.backward(lin(torch.tensor([[float("inf"), 1.0]])).sum())  # overflow: step is skipped
+    precision.step(opt, list(lin.parameters()), clip_grad=0.0)
+
+
+def test_precision_state_survives_a_checkpoint(tmp_path):
+    before = _precision(True)
+    _skip_one_step(before)
+    state = before.state_dict()
+    assert state["skipped"] == 1 and state["scaler"]["scale"] == 32768.0  # the overflow halved it
+    path = save_checkpoint(tmp_path / "amp.pt", _payload(precision=state))
+
+    after = _precision(True)
+    after.load_state_dict(load_checkpoint(path)["precision"])
+    assert after.state_dict() == state
+    assert after.scaler.get_scale() == 32768.0 and after.skipped_steps() == 1
+
+
+def test_precision_state_across_a_precision_change(tmp_path):
+    # float32 run resumed with a live scaler (or back): the scaler starts fresh, no error.
+    path = save_checkpoint(tmp_path / "fp32.pt", _payload(precision=_precision(False).state_dict()))
+    resumed = _precision(True)
+    resumed.load_state_dict(load_checkpoint(path)["precision"])
+    assert resumed.scaler.get_scale() == 65536.0 and resumed.skipped_steps() == 0
+    with pytest.raises(CheckpointError, match="no usable precision state"):
+        resumed.load_state_dict({})
+
+
+def test_checkpoint_loads_with_weights_only(tmp_path):
+    path = save_checkpoint(tmp_path / "safe.pt", _payload(rng=rng_state(), precision=_precision(True).state_dict()))
+    plain = torch.load(path, map_location="cpu", weights_only=True)
+    assert plain["format"] == MAGIC and plain["names"] == ["a", "b"]
+    assert isinstance(plain["rng"]["numpy"][1], torch.Tensor)  # numpy keys stored as a tensor
+
+
+def test_pickled_code_is_refused(tmp_path):
+    # load_checkpoint uses weights_only=True, so an arbitrary object inside is refused, not built.
+    path = tmp_path / "evil.pt"
+    torch.save({"format": MAGIC, "schema": SCHEMA, **_payload(extra=Foreign())}, path)
+    assert _one_line_error(path) == f"'{path}' is not a LibreYOLO checkpoint ({pickle.UnpicklingError.__name__})"

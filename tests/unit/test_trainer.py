@@ -1,0 +1,44 @@
+"""Trainer behaviour that needs a real (tiny) run: non-finite loss stop, results.csv semantics."""
+
+import csv
+
+import pytest
+import torch
+
+from libreyolo import LibreYOLO
+from libreyolo.engine.trainer import NonFiniteLossError
+from libreyolo.families.yolo9.loss import YOLO9Loss
+
+TINY = dict(data="shapes", imgsz=64, batch=8, device="cpu", workers=0, amp=False, val=False, log_interval=10)
+
+
+def test_nonfinite_loss_stops_with_one_line_and_keeps_last_good(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    original = YOLO9Loss.__call__
+
+    def poisoned(self, preds, targets):
+        loss, items = original(self, preds, targets)
+        calls["n"] += 1
+        if calls["n"] > 20:  # epoch 2 (16 steps per epoch), step 5 onwards
+            return loss * float("nan"), items * float("nan")
+        return loss, items
+
+    monkeypatch.setattr(YOLO9Loss, "__call__", poisoned)
+    with pytest.raises(NonFiniteLossError) as err:
+        LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), **TINY)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("non-finite loss at epoch 2, step 10 (6 of the last 10 steps)")
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    assert f"the last good state is {last} (end of epoch 1)" in message
+    ckpt = torch.load(last, weights_only=True)
+    assert ckpt["epoch"] == 0 and all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
+
+
+def test_results_csv_blank_metrics_on_epochs_without_validation(tmp_path):
+    result = LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), eval_interval=2,
+                                        **{**TINY, "val": True})
+    with (result.run_dir / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["map50_95"] != "" for r in rows] == [False, True, True]  # epoch 2 and the last
+    assert set(rows[0]) >= {"epoch", "train/box", "train/cls", "train/dfl", "lr", "seconds", "skipped_steps"}
