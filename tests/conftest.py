@@ -2,6 +2,11 @@ import os
 
 import pytest
 
+# Subprocesses (the `libreyolo` command, bench workers) run this tree's code, whatever copy of
+# libreyolo is pip-installed; in-process imports get the same through pytest's `pythonpath`.
+_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, os.environ.get("PYTHONPATH")) if p)
+
 
 # Every test writes its generated datasets and downloads under a per-session temp dir, never ~.
 @pytest.fixture(scope="session", autouse=True)

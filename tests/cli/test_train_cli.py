@@ -9,7 +9,9 @@ import time
 import pytest
 import yaml
 
-TINY = ["model=yolo9-t", "data=shapes", "imgsz=128", "batch=4", "device=cpu", "workers=0", "amp=false"]
+COMMON = ["model=yolo9-t", "data=shapes", "device=cpu", "workers=0", "amp=false"]
+TINY = [*COMMON, "imgsz=128", "batch=4"]  # the acceptance run
+FAST = [*COMMON, "imgsz=64", "batch=8"]
 
 
 def _rows(run_dir):
@@ -40,14 +42,14 @@ def test_train_two_epochs_then_val(cli, tmp_path):
     assert metrics["map50_95"] == pytest.approx(out["metrics"]["map50_95"], abs=1e-6)
 
     # A second run gets a fresh directory.
-    again = cli("train", *TINY, "epochs=1", "val=false")
+    again = cli("train", *FAST, "epochs=1", "val=false")
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "runs" / "train" / "exp2" / "weights" / "last.pt").is_file()
     assert again.stdout.strip().endswith("exp2/weights/last.pt")
 
 
 def test_resume_after_kill_continues_schedule(cli, cli_command, tmp_path):
-    base = [*TINY, "epochs=3", "val=false", "warmup_epochs=0.5", "lr_schedule=cosine"]
+    base = [*FAST, "epochs=3", "val=false", "warmup_epochs=0.5", "lr_schedule=cosine"]
     ref = cli("train", *base, "name=ref")
     assert ref.returncode == 0, ref.stderr
     ref_rows = _rows(tmp_path / "runs" / "train" / "ref")
@@ -85,13 +87,13 @@ def test_python_api(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = LibreYOLO("YOLOv9-t")
     assert model.arch == "yolo9-t"
-    result = model.train(data="shapes", epochs=1, imgsz=128, batch=4, device="cpu", workers=0, amp=False,
+    result = model.train(data="shapes", epochs=1, imgsz=64, batch=8, device="cpu", workers=0, amp=False,
                          project=str(tmp_path / "p"))
     assert result.best.is_file() and result.run_dir == tmp_path / "p" / "exp"
     assert 0.0 <= result.metrics["map50_95"] <= 1.0
     trained = LibreYOLO(str(result.best))
     assert trained.arch == "yolo9-t"
-    metrics = trained.val(data="shapes", imgsz=128, batch=8, device="cpu", workers=0)
+    metrics = trained.val(data="shapes", imgsz=64, batch=8, device="cpu", workers=0)
     assert metrics["map50_95"] == pytest.approx(result.metrics["map50_95"], abs=1e-6)
 
 

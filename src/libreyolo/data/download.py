@@ -68,9 +68,10 @@ def _download(url: str, dest: Path, name: str, root: Path) -> str:
                 f.write(chunk)
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", None) or e
-        hint = ("use data=shapes (built in, no download)" if root.suffix != ".pt"
-                else "or build from scratch with an architecture name")
-        raise DataError(f"{name}: could not download {url} ({reason}); place it at {root} yourself, {hint}") from None
+        if root.suffix == ".pt":  # a weights file
+            raise DataError(f"could not download {url} ({reason}); place the file at {root} yourself") from None
+        raise DataError(f"{name}: could not download {url} ({reason}); place the dataset at "
+                        f"{root} yourself, or use data=shapes (built in, no download)") from None
     return h.hexdigest()
 
 

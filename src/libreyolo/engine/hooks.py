@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import logging
-import math
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -151,7 +150,3 @@ class CheckpointHook(Hook):
         period = trainer.cfg.save_period
         if period > 0 and (trainer.epoch + 1) % period == 0:
             trainer.save(weights / f"epoch{trainer.epoch + 1}.pt")
-
-
-def finite(values) -> bool:
-    return all(math.isfinite(v) for v in values)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -70,6 +69,9 @@ class Trainer:
         self.validated_epoch = -1
         self.last_log: dict[str, float] | None = None
         self.item_names = tuple(self.criterion.item_names)
+        self._epoch_sum, self._epoch_count = [0.0] * len(self.item_names), 0
+        self._acc = torch.zeros(len(self.item_names), device=device)  # device-side loss sums
+        self._finite = torch.zeros((), device=device)                 # finite steps in the interval
         if resume is not None:
             self._load_resume(resume)
 
@@ -127,8 +129,8 @@ class Trainer:
 
     # --- loss bookkeeping: device-side sums, one read-back per log interval ---------------------
     def _reset_interval(self) -> None:
-        self._acc = torch.zeros(len(self.item_names), device=self.device)
-        self._finite = torch.zeros((), device=self.device)
+        self._acc.zero_()
+        self._finite.zero_()
         self._interval_steps, self._interval_images, self._interval_t0 = 0, 0, time.perf_counter()
 
     def _accumulate(self, items: torch.Tensor, images: int) -> None:
@@ -145,7 +147,7 @@ class Trainer:
         if bad and not self.precision.scaler_enabled:
             raise NonFiniteLossError(
                 f"non-finite loss at epoch {self.epoch + 1}, step {self.batch_index + 1} "
-                f"({bad} of the last {self._interval_steps} steps); last finite interval "
+                f"({bad} of the last {self._interval_steps} steps); epoch mean so far "
                 f"{self._format_items(self.epoch_losses())}; {self._last_good()}")
         self._epoch_sum = [a + b for a, b in zip(self._epoch_sum, sums)]
         self._epoch_count += int(finite)
@@ -156,9 +158,9 @@ class Trainer:
         self._reset_interval()
 
     def epoch_losses(self) -> dict[str, float]:
-        count = max(self._epoch_count, 1) if hasattr(self, "_epoch_count") else 1
-        sums = getattr(self, "_epoch_sum", [math.nan] * len(self.item_names))
-        return {k: v / count for k, v in zip(self.item_names, sums)}
+        """Mean loss items over this epoch's finite steps read back so far."""
+        count = max(self._epoch_count, 1)
+        return {k: v / count for k, v in zip(self.item_names, self._epoch_sum)}
 
     @staticmethod
     def _format_items(items: dict[str, float]) -> str:
