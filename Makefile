@@ -22,7 +22,7 @@ lint: install
 	$(PY) -m ruff check src tests benchmarks
 
 demo: install  ## a short training of YOLOv9-t on the built-in shapes dataset
-	libreyolo train model=yolo9-t data=shapes epochs=3 imgsz=320 batch=8 workers=2 project=runs/demo
+	libreyolo train model=yolo9-t data=shapes epochs=3 imgsz=320 batch=8 nbs=8 workers=2 project=runs/demo
 
 docs: install  ## regenerate docs/hyperparameters.md from the config
 	libreyolo cfg --markdown > docs/hyperparameters.md

@@ -31,6 +31,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+_T0 = time.perf_counter()  # process start, for the per-stage wall times of an arm
+
 # Arms are deltas on the user's config. `eager` is the config as given.
 ARMS: dict[str, dict[str, Any]] = {
     "eager": {},
@@ -115,9 +117,13 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
 
+    stage_s = {"setup": time.perf_counter() - _T0}
+    t_stage = time.perf_counter()
     for _ in range(warmup):
         train_step(ctx, batch, update=True)
     sync()
+    stage_s["warmup"] = time.perf_counter() - t_stage
+    t_stage = time.perf_counter()
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
@@ -136,6 +142,8 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
             step_ms.append((time.perf_counter() - t0) * 1e3)
         peak_mb = None
 
+    stage_s["timed"] = time.perf_counter() - t_stage
+    t_stage = time.perf_counter()
     busy_ms = None
     if cuda:
         from torch.profiler import ProfilerActivity, profile
@@ -149,6 +157,8 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
             prof.export_chrome_trace(str(trace_path))
             busy_ms = union_length(gpu_intervals(trace_path)) / 1e3 / steps
 
+    stage_s["profiled"] = time.perf_counter() - t_stage
+    t_stage = time.perf_counter()
     recorder = _SyncedPhases(sync)
     markers.set_recorder(recorder)
     try:
@@ -156,6 +166,7 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
             train_step(ctx, batch, update=True)
     finally:
         markers.set_recorder(None)
+    stage_s["synced"] = time.perf_counter() - t_stage
     phases = {k: statistics.median(v) for k, v in recorder.times.items()}
     phases["optimizer+ema"] = phases.pop("optimizer", 0.0) + phases.pop("ema", 0.0)
     network = phases.get("forward", 0.0) + phases.get("backward", 0.0)
@@ -168,6 +179,7 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
         "kernel_busy_ms": busy_ms, "utilisation": None if busy_ms is None else busy_ms / median,
         "synced_ms": phases, "network_share": network / max(sum(phases.values()), 1e-9),
         "peak_mem_mb": peak_mb,
+        "stage_seconds": {k: round(v, 2) for k, v in stage_s.items()},  # where the arm's wall time went
     }
 
 

@@ -1,0 +1,45 @@
+"""Hook logic on a stand-in trainer: validation cadence, best tracking, early stopping."""
+
+from types import SimpleNamespace
+
+from libreyolo.engine.hooks import ValidationHook
+
+
+def _trainer(scores, **cfg):
+    it = iter(scores)
+    t = SimpleNamespace(cfg=SimpleNamespace(**{"val": True, "eval_interval": 1, "epochs": 100, "patience": 3, **cfg}),
+                        epoch=0, metrics={}, best_fitness=-1.0, best_epoch=-1, improved=False, stop=False,
+                        validated_epoch=-1)
+    t.validate = lambda: {"map50_95": (s := next(it)), "map50": s}
+    return t
+
+
+def test_patience_stops_after_epochs_without_improvement():
+    t = _trainer([0.1, 0.3, 0.2, 0.25, 0.29, 0.5])
+    hook = ValidationHook()
+    for epoch in range(6):
+        t.epoch = epoch
+        hook.after_epoch(t)
+        if t.stop:
+            break
+    assert t.best_epoch == 1 and t.epoch == 4  # epochs 2, 3, 4 did not beat epoch 1's 0.3
+    assert t.stop
+
+
+def test_patience_zero_never_stops_and_interval_skips():
+    t = _trainer([0.5, 0.1, 0.1, 0.1], patience=0, eval_interval=2, epochs=8)
+    hook = ValidationHook()
+    validated = []
+    for epoch in range(8):
+        t.epoch = epoch
+        hook.after_epoch(t)
+        validated.append(t.validated_epoch == epoch)
+    assert validated == [False, True, False, True, False, True, False, True]
+    assert not t.stop and t.best_epoch == 1
+
+
+def test_last_epoch_always_validates():
+    t = _trainer([0.2], eval_interval=10, epochs=3)
+    t.epoch = 2
+    ValidationHook().after_epoch(t)
+    assert t.validated_epoch == 2 and t.improved
