@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,6 +34,7 @@ class StepContext:
     ema: ModelEMA | None
     device: torch.device
     channels_last: bool = False
+    graphs: Any = None  # the GraphManager behind `capturable` (stats, invalidate)
 
 
 def train_step(ctx: StepContext, batch, update: bool) -> torch.Tensor:

@@ -20,6 +20,7 @@ from ..families.base import FamilySpec
 from ..profiler.markers import phase
 from . import checkpoint as ckpt_io
 from .ema import ModelEMA
+from .graphs import GraphManager
 from .hooks import CheckpointHook, Hook, ProgressHook, ResultsHook, ValidationHook
 from .optim import accumulate_steps, build_optimizer
 from .precision import Precision
@@ -58,8 +59,8 @@ class Trainer:
         self.val_loader = build_val_loader(data_cfg, cfg) if cfg.val else None
         self.steps_per_epoch = len(self.train_loader)
         self.ctx = build_step_context(cfg, family, self.model, device)
-        self.optimizer, self.precision, self.ema, self.criterion = (
-            self.ctx.optimizer, self.ctx.precision, self.ctx.ema, self.ctx.criterion)
+        self.optimizer, self.precision, self.ema, self.criterion, self.graphs = (
+            self.ctx.optimizer, self.ctx.precision, self.ctx.ema, self.ctx.criterion, self.ctx.graphs)
         self.schedule = LRSchedule(self.optimizer, cfg, self.steps_per_epoch, accumulate_steps(cfg.batch, cfg.nbs))
         self.hooks: list[Hook] = hooks if hooks is not None else [
             ValidationHook(), ResultsHook(), CheckpointHook(), ProgressHook()]
@@ -229,10 +230,14 @@ def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, d
     precision = Precision.create(cfg.amp, cfg.amp_dtype, device)
     if precision.message:
         log.info(precision.message)
-    return StepContext(model=model, capturable=model.capturable, criterion=family.criterion(model, cfg),
+    # EMA before graphs: the manager must see the model in its final device and memory format.
+    ema = ModelEMA(model) if cfg.ema else None
+    # With cuda_graph off (or unsupported) this is a silent pass-through to `model.capturable`.
+    graphs = GraphManager.for_run(model, cfg, family, device, precision)
+    return StepContext(model=model, capturable=graphs.step_callable, criterion=family.criterion(model, cfg),
                        optimizer=build_optimizer(model, cfg, device_type=device.type), precision=precision,
                        params=[p for p in model.parameters() if p.requires_grad], clip_grad=cfg.clip_grad,
-                       ema=ModelEMA(model) if cfg.ema else None, device=device, channels_last=cfg.channels_last)
+                       ema=ema, device=device, channels_last=cfg.channels_last, graphs=graphs)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:

@@ -1,0 +1,444 @@
+"""CUDA graphs for training: the graph manager stands in for `model.capturable` in the step.
+
+The manager counts input shapes; once one (shape, dtype, strides) has been seen `capture_after`
+times it captures the module's forward and backward into two CUDA graphs and replays them for
+that shape. Loss, optimizer, clipping, EMA and LR stay eager (engine/step.py). Other shapes run
+eager. Anything that cannot be captured logs one line and trains eager; any failure during
+capture or replay logs one line and turns graphs off for the rest of the run. The run never fails
+because of `cuda_graph=True`.
+
+Why a manual pair of `torch.cuda.CUDAGraph`s rather than `torch.cuda.make_graphed_callables`:
+- its backward hands AccumulateGrad *detached* static grad buffers, which AccumulateGrad may
+  steal as `param.grad`; the next replay then overwrites that gradient, silently corrupting
+  gradient accumulation (pytorch issue 181723, open). Our trainer accumulates nbs/batch
+  micro-batches, so we return the static buffers themselves: AccumulateGrad sees a shared tensor
+  and copies (first micro-batch) or adds in place (later ones);
+- it patches `module.forward` in place, which cannot be undone after a failure or an
+  `invalidate()` and would nest for a second shape; we leave the module untouched, so eval,
+  checkpoints and EMA see a plain module;
+- we need the BN buffer snapshot between warm-up and capture and one private pool per shape.
+GPU_NOTES.md ("CUDA graphs for training") lists the rules followed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import inspect
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+log = logging.getLogger("libreyolo")
+
+AutocastFactory = Callable[[], contextlib.AbstractContextManager]
+ErrorCallback = Callable[[str, BaseException], None]
+
+# The first sightings of a shape run eager: they let cuDNN autotune and the allocator settle, and
+# a shape that appears once or twice (a partial last batch) is not worth a graph's memory.
+CAPTURE_AFTER = 3
+# Each graph keeps a private pool of about one set of activations alive, so only the dominant
+# shape (the full batch at the training size) is captured by default.
+MAX_GRAPHS = 1
+
+
+class Graphed(Protocol):
+    """What a capture backend returns for one input shape."""
+
+    pool_mb: float | None
+
+    def __call__(self, images: Tensor) -> tuple[Tensor, ...]: ...
+
+
+class CaptureBackend(Protocol):
+    def capture(self, module: nn.Module, sample: Tensor, autocast: AutocastFactory,
+                on_error: ErrorCallback) -> Graphed: ...
+
+    def release(self) -> None: ...
+
+
+def input_key(images: Tensor) -> tuple:
+    """What a replay must match: replay copies into a fixed buffer and checks none of this."""
+    return (tuple(images.shape), images.dtype, images.stride(), images.device, images.requires_grad)
+
+
+def describe_key(key: tuple) -> str:
+    shape, dtype, stride = key[0], key[1], key[2]
+    text = "x".join(map(str, shape)) + " " + str(dtype).removeprefix("torch.")
+    if len(shape) == 4 and stride[1] == 1 and shape[1] > 1:
+        text += " channels_last"
+    return text
+
+
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc).strip().splitlines()
+    msg = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+class GraphManager:
+    """Callable like the module it wraps: `manager(images) -> tuple[Tensor, ...]`.
+
+    Build it with `GraphManager.for_run(...)` in the trainer; tests inject a `backend`.
+    """
+
+    def __init__(self, module: nn.Module, *, autocast: AutocastFactory | None = None,
+                 backend: CaptureBackend | None = None, capture_after: int = CAPTURE_AFTER,
+                 max_graphs: int = MAX_GRAPHS):
+        self.module = module
+        self._autocast = autocast or contextlib.nullcontext
+        self.backend = backend if backend is not None else CudaGraphBackend()
+        self.capture_after, self.max_graphs = int(capture_after), int(max_graphs)
+        self.requested = True            # False: cuda_graph=False, the manager is a pass-through
+        self.fallback_reason: str | None = None  # set when graphs are off for the rest of the run
+        self._graphs: dict[tuple, Graphed] = {}
+        self._seen: dict[tuple, int] = {}
+        self.replayed_steps = 0
+        self.eager_steps = 0
+        self.captures = 0
+
+    # --- construction for a run ------------------------------------------------------------------
+    @classmethod
+    def for_run(cls, model: nn.Module, cfg: Any, family: Any, device: torch.device, precision: Any,
+                *, distill: bool = False, backend: CaptureBackend | None = None) -> GraphManager:
+        """The manager for one training run: armed, or off with one log line saying why.
+
+        `step_callable` is what `StepContext.capturable` should be either way.
+        """
+        module = model.capturable
+        if not getattr(cfg, "cuda_graph", False):
+            return cls.off(module, None)
+        reason = unsupported_reason(model, family, device, distill)
+        if reason is not None:
+            log.info(f"cuda_graph=True ignored: {reason}; training eager")
+            return cls.off(module, reason)
+        return cls(module, autocast=precision.autocast, backend=backend)
+
+    @classmethod
+    def off(cls, module: nn.Module, reason: str | None) -> GraphManager:
+        """A pass-through manager; `reason` None means graphs were not requested."""
+        manager = cls(module)  # never captures: `enabled` is False
+        manager.requested = reason is not None
+        manager.fallback_reason = reason
+        return manager
+
+    @property
+    def enabled(self) -> bool:
+        return self.requested and self.fallback_reason is None
+
+    @property
+    def step_callable(self) -> Callable[[Tensor], tuple]:
+        """The manager when graphs may be used, else the plain module (no indirection at all)."""
+        return self if self.enabled else self.module
+
+    # --- the call --------------------------------------------------------------------------------
+    def __call__(self, images: Tensor) -> tuple[Tensor, ...]:
+        # Graphs hold the training-mode, grad-enabled computation only; eval and no_grad (and
+        # inference_mode) calls are plain module calls and are not counted.
+        if not (self.requested and self.module.training and torch.is_grad_enabled()):
+            return self.module(images)
+        if self.fallback_reason is None:
+            key = input_key(images)
+            graph = self._graphs.get(key)
+            if graph is None and self._count(key):
+                graph = self._capture(key, images)
+            if graph is not None and not _pending_backward(graph):
+                try:
+                    with self._autocast():
+                        out = graph(images)
+                    self.replayed_steps += 1
+                    return out
+                except Exception as exc:  # the run must never fail because of the flag
+                    self._fail("replay", exc, key)
+        self.eager_steps += 1
+        return self.module(images)
+
+    def _count(self, key: tuple) -> bool:
+        """Count one sighting of `key`; True when it should be captured now."""
+        if len(self._graphs) >= self.max_graphs:
+            return False
+        self._seen[key] = self._seen.get(key, 0) + 1
+        return self._seen[key] >= self.capture_after
+
+    def _capture(self, key: tuple, images: Tensor) -> Graphed | None:
+        t0 = time.perf_counter()
+        # A clone, not the batch itself: the batch's memory goes back to the allocator after
+        # the step, while the graph reads its input from this address on every replay.
+        sample = images.detach().clone(memory_format=torch.preserve_format)
+        try:
+            graph = self.backend.capture(self.module, sample, self._autocast, self._on_backward_error)
+        except Exception as exc:
+            self._fail("capture", exc, key)
+            return None
+        self._graphs[key] = graph
+        self.captures += 1
+        pool = "size unknown" if graph.pool_mb is None else f"{graph.pool_mb:.0f} MB"
+        log.info(f"CUDA graph captured for input {describe_key(key)} in "
+                 f"{time.perf_counter() - t0:.2f} s; memory pool {pool}")
+        return graph
+
+    def _on_backward_error(self, where: str, exc: BaseException) -> None:
+        self._fail(where, exc, None)
+
+    def _fail(self, where: str, exc: BaseException, key: tuple | None) -> None:
+        if self.fallback_reason is not None:
+            return  # already off and already said so
+        shape = f" for input {describe_key(key)}" if key is not None else ""
+        self.fallback_reason = f"CUDA graph {where} failed{shape}: {_one_line(exc)}"
+        log.warning(f"{self.fallback_reason}; graphs off, training eager for the rest of the run")
+        self._drop()
+
+    def _drop(self) -> None:
+        self._graphs.clear()
+        self._seen.clear()
+        self.backend.release()
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def invalidate(self, reason: str) -> None:
+        """The captured computation changed (e.g. a loss branch turned on): discard and re-arm."""
+        if not self.enabled:
+            return  # nothing captured, and the reason graphs are off was already logged
+        dropped = len(self._graphs)
+        self._drop()
+        log.info(f"CUDA graphs invalidated ({reason}): {dropped} graph(s) discarded; "
+                 f"re-capturing once a shape is seen {self.capture_after} times")
+
+    def stats(self) -> dict[str, Any]:
+        pools = [g.pool_mb for g in self._graphs.values()]
+        known = [p for p in pools if p is not None]
+        return {"enabled": self.enabled,
+                "replayed_steps": self.replayed_steps,
+                "eager_steps": self.eager_steps,
+                "captured_shapes": [list(key[0]) for key in self._graphs],
+                "pool_mb": sum(known) if known else None,
+                "fallback_reason": self.fallback_reason}
+
+
+def unsupported_reason(model: nn.Module, family: Any, device: torch.device, distill: bool) -> str | None:
+    """Why this run cannot use CUDA graphs, or None."""
+    plan = family.capture
+    if plan.region not in ("network", "encoder"):
+        return f"{family.display} has no capturable region ({plan.reason or plan.region})"
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device (training on {device.type})"
+    if isinstance(model, nn.parallel.DistributedDataParallel) or _distributed():
+        # Capture would have to happen before DDP wraps the model, with its own warm-up rules.
+        return "not used with distributed (DDP) training"
+    if distill:
+        return "not used with distillation (the teacher's forward is not part of the graph)"
+    return None
+
+
+def _distributed() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _pending_backward(graph: Graphed) -> bool:
+    """True while the graph's last forward replay still waits for its backward.
+
+    A second replay would overwrite the activations that backward needs, so that call runs
+    eager instead. Backends without this notion (test fakes) never block.
+    """
+    check = getattr(graph, "pending_backward", None)
+    return bool(check and check())
+
+
+# --- the real capture --------------------------------------------------------------------------
+class _GraphedRegion(torch.autograd.Function):
+    """One autograd node whose forward and backward are graph replays.
+
+    The parameters are inputs so that autograd routes the replayed gradients to them.
+    """
+
+    @staticmethod
+    def forward(ctx, shape: CapturedShape, images: Tensor, *params: Tensor) -> tuple[Tensor, ...]:
+        ctx.shape, ctx.images, ctx.done = shape, images, False
+        out = shape.replay_forward(images)
+        shape.last_ctx = weakref.ref(ctx)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads: Tensor) -> tuple[Tensor | None, ...]:
+        shape = ctx.shape
+        try:
+            param_grads = shape.replay_backward(grads)
+        except Exception as exc:
+            # The forward already ran as a graph; recompute it eagerly so this step still gets
+            # its true gradients, and turn graphs off from here on.
+            shape.on_error("backward replay", exc)
+            param_grads = shape.eager_grads(ctx.images, grads)
+        ctx.done = True
+        return (None, None, *param_grads)
+
+
+@dataclass(eq=False)
+class CapturedShape:
+    """The graphs and static buffers of one input shape (the real backend's `Graphed`)."""
+
+    module: nn.Module
+    params: tuple[Tensor, ...]
+    autocast: AutocastFactory
+    on_error: ErrorCallback
+    forward_graph: Any               # torch.cuda.CUDAGraph (anything with .replay())
+    backward_graph: Any
+    static_input: Tensor
+    static_outputs: tuple[Tensor, ...]              # detached; overwritten by every replay
+    static_grad_outputs: tuple[Tensor | None, ...]  # None for outputs that need no gradient
+    static_grads: tuple[Tensor | None, ...]         # one per param; None for unused params
+    pool_mb: float | None = None
+    last_ctx: Any = None
+
+    def __call__(self, images: Tensor) -> tuple[Tensor, ...]:
+        return _GraphedRegion.apply(self, images, *self.params)
+
+    def pending_backward(self) -> bool:
+        ctx = self.last_ctx() if self.last_ctx is not None else None
+        return ctx is not None and not ctx.done
+
+    def replay_forward(self, images: Tensor) -> tuple[Tensor, ...]:
+        if images.data_ptr() != self.static_input.data_ptr():
+            self.static_input.copy_(images)
+        self.forward_graph.replay()
+        # Fresh aliases each call: autograd attaches this step's node to them.
+        return tuple(o.detach() for o in self.static_outputs)
+
+    def replay_backward(self, grads: tuple[Tensor, ...]) -> tuple[Tensor | None, ...]:
+        for buf, grad in zip(self.static_grad_outputs, grads):
+            if buf is not None and grad is not None and buf.data_ptr() != grad.data_ptr():
+                buf.copy_(grad)
+        self.backward_graph.replay()
+        # Not detached: see the module docstring (AccumulateGrad must copy, not steal).
+        return self.static_grads
+
+    def eager_grads(self, images: Tensor, grads: tuple[Tensor, ...]) -> tuple[Tensor | None, ...]:
+        """The parameter gradients of this step, recomputed without graphs (failure path only)."""
+        # Restore the buffers only after the backward: BN saves them for it, and restoring
+        # them in place earlier would trip autograd's version check.
+        with _buffers_restored(self.module):
+            with torch.enable_grad(), self.autocast():
+                outputs = self.module(images)
+            pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
+            with _autocast_off(images.device):
+                return torch.autograd.grad([o for o, _ in pairs], self.params, [g for _, g in pairs],
+                                           allow_unused=True)
+
+
+@contextlib.contextmanager
+def _buffers_restored(module: nn.Module):
+    """Run a forward whose BN running-stat updates must not count (warm-up, recomputation)."""
+    saved = [b.detach().clone() for b in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buf, value in zip(module.buffers(), saved):
+                buf.copy_(value)
+
+
+def _autocast_off(device: torch.device) -> contextlib.AbstractContextManager:
+    """Eager backward runs outside autocast (the step calls it after the forward's autocast has
+    exited), but capture happens inside the step's autocast: backward ops must not see it."""
+    return torch.autocast(device.type, enabled=False)
+
+
+@contextlib.contextmanager
+def _stream_restored(stream):
+    """torch.cuda.graph leaves its capture stream current when capture_end raises: undo that."""
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(stream)
+
+
+def _capture_kwargs() -> dict[str, Any]:
+    """Newer torch.cuda.graph arguments we use when this torch has them."""
+    params = inspect.signature(torch.cuda.graph.__init__).parameters
+    # The DataLoader's pin-memory thread makes CUDA calls while we capture; in the default
+    # 'global' mode any of them would invalidate the capture.
+    return {"capture_error_mode": "thread_local"} if "capture_error_mode" in params else {}
+
+
+class CudaGraphBackend:
+    """Warm up on a side stream, then capture forward and backward sharing one private pool."""
+
+    def __init__(self, warmup_iters: int = 3):
+        self.warmup_iters = int(warmup_iters)
+
+    def capture(self, module: nn.Module, sample: Tensor, autocast: AutocastFactory,
+                on_error: ErrorCallback) -> CapturedShape:
+        device = sample.device
+        params = tuple(p for p in module.parameters() if p.requires_grad)
+        caller_stream = torch.cuda.current_stream(device)
+        stream = torch.cuda.Stream(device=device)
+        # A collection during capture could free an old graph mid-capture (GPU_NOTES.md).
+        gc.collect()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            # Warm-up updates BN running stats (and num_batches_tracked) three times: undo that,
+            # so the step's own replay is the only update, as in eager training.
+            with _buffers_restored(module), _stream_restored(caller_stream):
+                self._warm_up(module, sample, params, autocast, stream, caller_stream)
+                torch.cuda.empty_cache()
+                reserved = torch.cuda.memory_reserved(device)
+                shape = self._record(module, sample, params, autocast, stream, on_error)
+            shape.pool_mb = (torch.cuda.memory_reserved(device) - reserved) / 2**20
+            return shape
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _warm_up(self, module, sample, params, autocast, stream, caller_stream) -> None:
+        # On the capture stream, so lazy init (cuDNN autotune, cuBLAS handles) happens outside
+        # the capture and on the stream the capture will use.
+        stream.wait_stream(caller_stream)
+        with torch.cuda.stream(stream):
+            for _ in range(self.warmup_iters):
+                with autocast():
+                    outputs = _as_outputs(module(sample))
+                needs = [o for o in outputs if o.requires_grad]
+                with _autocast_off(sample.device):
+                    torch.autograd.grad(needs, params, [torch.zeros_like(o) for o in needs], allow_unused=True)
+                del outputs, needs
+        caller_stream.wait_stream(stream)
+        torch.cuda.synchronize(sample.device)
+
+    def _record(self, module, sample, params, autocast, stream, on_error) -> CapturedShape:
+        kwargs = _capture_kwargs()
+        forward_graph, backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(forward_graph, stream=stream, **kwargs):
+            with autocast():
+                outputs = _as_outputs(module(sample))
+        grad_outputs = tuple(torch.empty_like(o) if o.requires_grad else None for o in outputs)
+        needs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None]
+        with torch.cuda.graph(backward_graph, pool=forward_graph.pool(), stream=stream, **kwargs), \
+                _autocast_off(sample.device):
+            grads = torch.autograd.grad([o for o, _ in needs], params, [g for _, g in needs],
+                                        allow_unused=True)
+        # Keep detached outputs only: holding `outputs` would keep their autograd graph alive.
+        return CapturedShape(module=module, params=params, autocast=autocast, on_error=on_error,
+                             forward_graph=forward_graph, backward_graph=backward_graph,
+                             static_input=sample, static_outputs=tuple(o.detach() for o in outputs),
+                             static_grad_outputs=grad_outputs, static_grads=tuple(grads))
+
+    def release(self) -> None:
+        """After a failure or an invalidation: let pending work finish and return pool memory."""
+        for step in (torch.cuda.synchronize, gc.collect, torch.cuda.empty_cache):
+            try:
+                step()
+            except Exception:  # a failed capture can leave a sticky CUDA error; eager carries on
+                pass
+
+
+def _as_outputs(out: Any) -> tuple[Tensor, ...]:
+    if not (isinstance(out, (tuple, list)) and all(isinstance(t, Tensor) for t in out)):
+        raise TypeError(f"capturable must return a tuple of tensors, got {type(out).__name__}")
+    return tuple(out)

@@ -1,0 +1,493 @@
+"""The CUDA graph manager on CPU (issue 6): counting, gating, fallbacks, invalidation, stats.
+
+Two stand-in backends:
+- FakeBackend "captures" by returning a callable that runs the module itself (and counts
+  replays), so outputs and gradients are exactly eager's: it tests the manager's decisions.
+- EmulatedBackend builds the real backend's CapturedShape with graphs that are Python closures
+  writing into the same static buffers a CUDA graph would. It runs the real autograd node
+  (_GraphedRegion) on CPU: static outputs, static gradient buffers, gradient accumulation across
+  replays, the eager recomputation when a backward replay fails.
+"""
+
+import contextlib
+import copy
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from libreyolo.engine import graphs
+from libreyolo.engine.graphs import CapturedShape, GraphManager, input_key
+from libreyolo.families.base import CapturePlan
+
+
+class Tiny(nn.Module):
+    """conv-BN-SiLU with two outputs, like a detector's per-level maps."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        y = torch.nn.functional.silu(self.bn(self.conv(x)))
+        return y, self.head(y)
+
+
+def images(b=2, size=8, seed=0):
+    return torch.randn(b, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def loss_of(outputs):
+    return sum((o.float() * (i + 1)).square().mean() for i, o in enumerate(outputs))
+
+
+def step(fn, x):
+    out = fn(x)
+    loss_of(out).backward()
+    return [o.detach().clone() for o in out]
+
+
+def grads(module):
+    return [p.grad.clone() for p in module.parameters()]
+
+
+def assert_same(a, b, atol=1e-6):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, atol=atol, rtol=1e-5)
+
+
+@pytest.fixture
+def libreyolo_log(caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("libreyolo"), "propagate", True)
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        yield caplog
+
+
+def lines(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "libreyolo"]
+
+
+class FakeGraph:
+    def __init__(self, module, sample, backend):
+        self.module, self.backend, self.key = module, backend, input_key(sample)
+        self.pool_mb = backend.pool_mb
+
+    def __call__(self, x):
+        assert input_key(x) == self.key, "the manager replayed a graph for another input layout"
+        if self.backend.fail_replay:
+            raise RuntimeError("planted replay failure")
+        self.backend.replays += 1
+        return self.module(x)
+
+
+class FakeBackend:
+    def __init__(self, fail_capture=False, fail_replay=False, pool_mb=12.5):
+        self.fail_capture, self.fail_replay, self.pool_mb = fail_capture, fail_replay, pool_mb
+        self.captures = self.replays = self.releases = 0
+
+    def capture(self, module, sample, autocast, on_error):
+        self.captures += 1
+        assert not sample.requires_grad
+        if self.fail_capture:
+            raise RuntimeError("planted capture failure\nwith a second line")
+        return FakeGraph(module, sample, self)
+
+    def release(self):
+        self.releases += 1
+
+
+def pair(backend, **kwargs):
+    torch.manual_seed(0)
+    module = Tiny().train()
+    return GraphManager(module, backend=backend, **kwargs), copy.deepcopy(module)
+
+
+# --- counting and gating --------------------------------------------------------------------------
+def test_third_sighting_captures_and_later_steps_replay_exactly_like_eager(libreyolo_log):
+    backend = FakeBackend()
+    manager, ref = pair(backend)
+    for i in range(6):
+        x = images(seed=i)
+        assert_same(step(manager, x), step(ref, x))
+        assert backend.captures == (0 if i < 2 else 1)
+    assert backend.replays == 4  # steps 3..6 (the capturing step replays too)
+    assert_same(grads(manager.module), grads(ref))
+    assert_same(list(manager.module.buffers()), list(ref.buffers()))
+    [line] = lines(libreyolo_log)
+    assert line.startswith("CUDA graph captured for input 2x3x8x8 float32 in ") and "memory pool 12 MB" in line
+
+
+def test_other_shapes_dtypes_and_layouts_run_eager():
+    backend = FakeBackend()
+    manager, ref = pair(backend)
+    for i in range(3):
+        assert_same(step(manager, images(seed=i)), step(ref, images(seed=i)))
+    others = [images(b=1), images(size=16), images().contiguous(memory_format=torch.channels_last)]
+    for x in others * 3:  # each seen 3 times, but one graph is the default limit
+        assert_same(step(manager, x), step(ref, x))
+    assert backend.captures == 1 and backend.replays == 1
+    assert_same(grads(manager.module), grads(ref))
+    key = input_key(images())
+    assert input_key(images().half()) != key and input_key(images().requires_grad_()) != key
+    assert manager.stats()["captured_shapes"] == [[2, 3, 8, 8]]
+
+
+def test_a_second_shape_is_captured_when_allowed():
+    backend = FakeBackend()
+    manager, _ = pair(backend, max_graphs=2)
+    for _ in range(3):
+        step(manager, images())
+        step(manager, images(b=1))
+    assert backend.captures == 2
+    assert manager.stats()["captured_shapes"] == [[2, 3, 8, 8], [1, 3, 8, 8]]
+
+
+def test_eval_mode_and_no_grad_run_the_plain_module_uncounted():
+    backend = FakeBackend()
+    manager, ref = pair(backend)
+    manager.module.eval()
+    ref.eval()
+    for _ in range(4):
+        torch.testing.assert_close(manager(images())[1], ref(images())[1])
+    manager.module.train()
+    with torch.no_grad():
+        for _ in range(4):
+            manager(images())
+    assert backend.captures == 0 and manager.stats()["eager_steps"] == 0
+    step(manager, images())
+    step(manager, images())
+    assert backend.captures == 0  # the eval/no_grad calls were not counted
+
+
+# --- failures -------------------------------------------------------------------------------------
+def test_capture_failure_logs_one_line_and_trains_eager(libreyolo_log):
+    backend = FakeBackend(fail_capture=True)
+    manager, ref = pair(backend)
+    for i in range(8):
+        x = images(seed=i)
+        assert_same(step(manager, x), step(ref, x))
+    assert_same(grads(manager.module), grads(ref))
+    assert backend.captures == 1 and backend.releases == 1  # never retried
+    [line] = lines(libreyolo_log)
+    assert "capture failed for input 2x3x8x8 float32" in line and "planted capture failure" in line
+    assert "second line" not in line and line.endswith("training eager for the rest of the run")
+    stats = manager.stats()
+    assert not stats["enabled"] and "planted capture failure" in stats["fallback_reason"]
+    assert stats["replayed_steps"] == 0 and stats["eager_steps"] == 8
+
+
+def test_replay_failure_logs_one_line_and_the_step_still_gets_eager_results(libreyolo_log):
+    backend = FakeBackend()
+    manager, ref = pair(backend)
+    for i in range(4):
+        x = images(seed=i)
+        assert_same(step(manager, x), step(ref, x))
+    backend.fail_replay = True
+    for i in range(4, 8):
+        x = images(seed=i)
+        assert_same(step(manager, x), step(ref, x))
+    assert_same(grads(manager.module), grads(ref))
+    msgs = lines(libreyolo_log)
+    assert len(msgs) == 2 and "replay failed" in msgs[1] and "planted replay failure" in msgs[1]
+    assert manager.stats()["captured_shapes"] == [] and manager.stats()["pool_mb"] is None
+
+
+# --- invalidate, stats ----------------------------------------------------------------------------
+def test_invalidate_discards_and_rearms_the_counter(libreyolo_log):
+    backend = FakeBackend()
+    manager, _ = pair(backend)
+    for _ in range(4):
+        step(manager, images())
+    manager.invalidate("L1 loss branch on")
+    assert manager.stats()["captured_shapes"] == [] and manager.enabled
+    step(manager, images())
+    step(manager, images())
+    assert backend.captures == 1
+    step(manager, images())
+    assert backend.captures == 2
+    msgs = lines(libreyolo_log)
+    assert len(msgs) == 3 and msgs[1].startswith("CUDA graphs invalidated (L1 loss branch on): 1 graph(s)")
+
+
+def test_stats_report_replays_shapes_and_pool():
+    backend = FakeBackend(pool_mb=7.0)
+    manager, _ = pair(backend, max_graphs=2)
+    for _ in range(4):
+        step(manager, images())
+    for _ in range(3):
+        step(manager, images(size=16))
+    assert manager.stats() == {"enabled": True, "replayed_steps": 3, "eager_steps": 4,
+                               "captured_shapes": [[2, 3, 8, 8], [2, 3, 16, 16]], "pool_mb": 14.0,
+                               "fallback_reason": None}
+
+
+# --- for_run: what a training run gets -----------------------------------------------------------
+FAMILY = SimpleNamespace(display="YOLOv9", capture=CapturePlan("network"))
+MODEL = SimpleNamespace(capturable=Tiny())
+PRECISION = SimpleNamespace(autocast=contextlib.nullcontext)
+CUDA = torch.device("cuda")  # for_run decides without touching the device
+
+
+@pytest.mark.parametrize("case, expected", [
+    ({"device": torch.device("cpu")}, "CUDA graphs need a CUDA device (training on cpu)"),
+    ({"family": SimpleNamespace(display="RT-DETR", capture=CapturePlan("none", "dynamic query count"))},
+     "RT-DETR has no capturable region (dynamic query count)"),
+    ({"distill": True}, "not used with distillation"),
+])
+def test_unsupported_runs_log_one_line_and_use_the_plain_module(libreyolo_log, case, expected):
+    args = {"family": FAMILY, "device": CUDA, "distill": False, **case}
+    manager = GraphManager.for_run(MODEL, SimpleNamespace(cuda_graph=True), args["family"], args["device"],
+                                   PRECISION, distill=args["distill"], backend=FakeBackend())
+    assert manager.step_callable is MODEL.capturable
+    [line] = lines(libreyolo_log)
+    assert expected in line and line.startswith("cuda_graph=True ignored: ")
+    assert manager.stats()["enabled"] is False and expected in manager.stats()["fallback_reason"]
+    for _ in range(4):
+        step(manager, images())  # still usable as a pass-through
+    manager.invalidate("anything")
+    assert manager.stats()["replayed_steps"] == 0 and len(lines(libreyolo_log)) == 1
+
+
+def test_ddp_is_unsupported(libreyolo_log, monkeypatch):
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
+    manager = GraphManager.for_run(MODEL, SimpleNamespace(cuda_graph=True), FAMILY, CUDA, PRECISION)
+    assert manager.step_callable is MODEL.capturable
+    [line] = lines(libreyolo_log)
+    assert "distributed (DDP)" in line
+
+
+def test_supported_run_is_armed_silently_and_off_when_not_requested(libreyolo_log):
+    manager = GraphManager.for_run(MODEL, SimpleNamespace(cuda_graph=True), FAMILY, CUDA, PRECISION,
+                                   backend=FakeBackend())
+    assert manager.step_callable is manager and manager.enabled
+    off = GraphManager.for_run(MODEL, SimpleNamespace(cuda_graph=False), FAMILY, CUDA, PRECISION)
+    assert off.step_callable is MODEL.capturable
+    assert off.stats() == {"enabled": False, "replayed_steps": 0, "eager_steps": 0, "captured_shapes": [],
+                           "pool_mb": None, "fallback_reason": None}
+    assert lines(libreyolo_log) == []
+
+
+def test_real_backend_is_the_default_and_asks_for_thread_local_capture():
+    manager = GraphManager(Tiny())
+    assert isinstance(manager.backend, graphs.CudaGraphBackend)
+    assert graphs._capture_kwargs() == {"capture_error_mode": "thread_local"}
+
+
+# --- the real autograd node, with emulated graphs -------------------------------------------------
+class EmulatedGraph:
+    def __init__(self, fn):
+        self.fn, self.fail = fn, False
+
+    def replay(self):
+        if self.fail:
+            raise RuntimeError("planted graph failure")
+        self.fn()
+
+
+class EmulatedBackend:
+    """CudaGraphBackend's buffers and node, with Python closures standing in for the graphs."""
+
+    def __init__(self):
+        self.shapes = []
+
+    def capture(self, module, sample, autocast, on_error):
+        params = tuple(p for p in module.parameters() if p.requires_grad)
+        module.eval()  # shapes only; eval leaves the BN running stats alone
+        with torch.no_grad():
+            probe = module(sample)
+        module.train()
+        static_out = tuple(torch.empty_like(o) for o in probe)
+        static_grad_out = tuple(torch.empty_like(o) for o in probe)
+        static_grads = tuple(torch.empty_like(p) for p in params)
+        live = {}
+
+        def forward():
+            with torch.enable_grad(), autocast():
+                live["out"] = module(sample)
+            for buf, o in zip(static_out, live["out"]):
+                buf.copy_(o.detach())
+
+        def backward():
+            got = torch.autograd.grad(live.pop("out"), params, static_grad_out)
+            for buf, g in zip(static_grads, got):
+                buf.copy_(g)
+
+        shape = CapturedShape(module=module, params=params, autocast=autocast, on_error=on_error,
+                              forward_graph=EmulatedGraph(forward), backward_graph=EmulatedGraph(backward),
+                              static_input=sample, static_outputs=static_out,
+                              static_grad_outputs=static_grad_out, static_grads=static_grads)
+        self.shapes.append(shape)
+        return shape
+
+    def release(self):
+        pass
+
+
+def test_replayed_gradients_accumulate_across_micro_batches():
+    # The static gradient buffers are rewritten by every backward replay: if AccumulateGrad took
+    # one as `param.grad` (what a detached return allows), the next micro-batch would overwrite it.
+    backend = EmulatedBackend()
+    manager, ref = pair(backend)
+    for i in range(3):
+        x = images(seed=i)
+        assert_same(step(manager, x), step(ref, x))
+    for module in (manager.module, ref):  # an optimizer update: zero_grad(set_to_none=True)
+        module.zero_grad(set_to_none=True)
+    for i in range(3, 7):  # four replayed micro-batches accumulate into fresh .grad
+        x = images(seed=i)
+        assert_same(step(manager, x), step(ref, x))
+    assert manager.stats()["replayed_steps"] == 5
+    assert_same(grads(manager.module), grads(ref), atol=1e-5)
+    assert_same(list(manager.module.buffers()), list(ref.buffers()))
+    static = {g.data_ptr() for g in backend.shapes[0].static_grads}
+    assert not static & {p.grad.data_ptr() for p in manager.module.parameters()}
+
+
+def test_failed_backward_replay_recomputes_eagerly_once(libreyolo_log):
+    backend = EmulatedBackend()
+    manager, ref = pair(backend)
+    for i in range(3):
+        step(manager, images(seed=i))
+        step(ref, images(seed=i))
+    backend.shapes[0].backward_graph.fail = True
+    for i in range(3, 6):
+        x = images(seed=i)
+        assert_same(step(manager, x), step(ref, x))
+    assert_same(grads(manager.module), grads(ref), atol=1e-5)
+    assert_same(list(manager.module.buffers()), list(ref.buffers()))  # BN stats updated once per step
+    msgs = lines(libreyolo_log)
+    assert len(msgs) == 2 and msgs[1].startswith("CUDA graph backward replay failed: RuntimeError: planted")
+    # Step 4's forward was a replay (its backward failed); steps 5 and 6 ran eager.
+    assert manager.stats()["replayed_steps"] == 2 and manager.stats()["eager_steps"] == 4
+    assert not manager.enabled
+
+
+def test_a_second_forward_before_the_backward_runs_eager():
+    backend = EmulatedBackend()
+    manager, ref = pair(backend)
+    for i in range(3):
+        step(manager, images(seed=i))
+        step(ref, images(seed=i))
+    a, b = images(seed=10), images(seed=11)
+    out_a, out_b = manager(a), manager(b)  # b must not overwrite a's saved activations
+    (loss_of(out_a) + loss_of(out_b)).backward()
+    (loss_of(ref(a)) + loss_of(ref(b))).backward()
+    assert_same(grads(manager.module), grads(ref), atol=1e-5)
+    assert manager.stats()["replayed_steps"] == 2 and manager.stats()["eager_steps"] == 3
+    step(manager, images())  # the pending node is gone: replays again
+    assert manager.stats()["replayed_steps"] == 3
+
+
+def test_forward_replay_failure_with_the_real_node_falls_back(libreyolo_log):
+    backend = EmulatedBackend()
+    manager, ref = pair(backend)
+    for i in range(3):
+        x = images(seed=i)
+        assert_same(step(manager, x), step(ref, x))
+    backend.shapes[0].forward_graph.fail = True
+    x = images(seed=3)
+    assert_same(step(manager, x), step(ref, x))
+    assert_same(grads(manager.module), grads(ref), atol=1e-5)
+    assert len(lines(libreyolo_log)) == 2 and not manager.enabled
+
+
+def test_describe_key_names_layout():
+    x = images().contiguous(memory_format=torch.channels_last)
+    assert graphs.describe_key(input_key(x)) == "2x3x8x8 float32 channels_last"
+    assert graphs.describe_key(input_key(images().half())) == "2x3x8x8 float16"
+
+
+# --- the real capture sequence, with torch.cuda's stream/graph calls stubbed --------------------
+class StubStream:
+    def wait_stream(self, other):
+        pass
+
+
+class StubGraph:
+    def __init__(self):
+        self.token = object()
+
+    def pool(self):
+        return self.token
+
+    def replay(self):
+        raise AssertionError("not replayed in this test")
+
+
+@pytest.fixture
+def stub_cuda(monkeypatch):
+    """Enough of torch.cuda for CudaGraphBackend.capture to run its sequence eagerly on CPU."""
+    calls = {"graphs": [], "set_stream": [], "reserved": iter([100 * 2**20, 164 * 2**20])}
+    caller = StubStream()
+
+    class StubCapture:
+        def __init__(self, graph, pool=None, stream=None, capture_error_mode="global"):
+            calls["graphs"].append({"graph": graph, "pool": pool, "stream": stream, "mode": capture_error_mode,
+                                    "gc_enabled": graphs.gc.isenabled()})
+
+        def __enter__(self):
+            calls["capturing"] = True
+
+        def __exit__(self, *exc):
+            calls["capturing"] = False
+
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "Stream", lambda device=None: StubStream())
+    monkeypatch.setattr(cuda, "current_stream", lambda device=None: caller)
+    monkeypatch.setattr(cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "set_stream", lambda s: calls["set_stream"].append(s))
+    monkeypatch.setattr(cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: next(calls["reserved"]))
+    monkeypatch.setattr(cuda, "CUDAGraph", StubGraph)
+    monkeypatch.setattr(cuda, "graph", StubCapture)
+    calls["caller"] = caller
+    return calls
+
+
+def test_real_capture_sequence_restores_buffers_and_builds_static_state(stub_cuda):
+    torch.manual_seed(0)
+    module = Tiny().train()
+    before = [b.clone() for b in module.buffers()]
+    sample = images()
+    shape = graphs.CudaGraphBackend().capture(module, sample, contextlib.nullcontext, lambda *a: None)
+    # Warm-up and capture ran forward 4 times in train mode; the BN stats are as they were.
+    assert_same(list(module.buffers()), before)
+    fwd, bwd = stub_cuda["graphs"]
+    assert fwd["mode"] == bwd["mode"] == "thread_local" and fwd["stream"] is bwd["stream"]
+    assert fwd["pool"] is None and bwd["pool"] is shape.forward_graph.token  # one pool per shape
+    assert not fwd["gc_enabled"] and graphs.gc.isenabled()
+    assert shape.static_input is sample and shape.pool_mb == 64.0
+    assert [o.shape for o in shape.static_outputs] == [o.shape for o in module(sample)]
+    assert not any(o.requires_grad for o in shape.static_outputs)
+    assert len(shape.static_grads) == len(list(module.parameters()))
+    assert all(g is not None and g.shape == p.shape for g, p in zip(shape.static_grads, module.parameters()))
+    assert stub_cuda["set_stream"] == [stub_cuda["caller"]]
+
+
+def test_real_capture_failure_restores_stream_gc_and_buffers(stub_cuda):
+    torch.manual_seed(0)
+    module = Tiny().train()
+    before = [b.clone() for b in module.buffers()]
+
+    def sync_inside_capture(mod, args, out):
+        if stub_cuda.get("capturing"):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    module.head.register_forward_hook(sync_inside_capture)
+    with pytest.raises(RuntimeError, match="stream is capturing"):
+        graphs.CudaGraphBackend().capture(module, images(), contextlib.nullcontext, lambda *a: None)
+    assert stub_cuda["set_stream"] == [stub_cuda["caller"]] and graphs.gc.isenabled()
+    assert_same(list(module.buffers()), before)
+
+
+def test_capturable_must_return_a_tuple(stub_cuda):
+    with pytest.raises(TypeError, match="tuple of tensors"):
+        graphs.CudaGraphBackend().capture(nn.Conv2d(3, 2, 1), images(), contextlib.nullcontext, lambda *a: None)
