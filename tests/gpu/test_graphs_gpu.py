@@ -15,14 +15,13 @@ import dataclasses
 
 import pytest
 import torch
+from synthetic import synthetic_batch
 
 from libreyolo.config import build_config
-from libreyolo.data import Batch
 from libreyolo.engine.graphs import GraphManager
 from libreyolo.engine.step import train_step
 from libreyolo.engine.trainer import build_step_context
 from libreyolo.families import get_family
-from libreyolo.families.base import Targets
 
 pytestmark = pytest.mark.gpu
 
@@ -37,19 +36,6 @@ def _deterministic_cudnn():
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     yield
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
-
-
-def _batch(b=8, size=256, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    images = torch.randint(0, 255, (b, 3, size, size), dtype=torch.uint8, generator=g)
-    m = 8
-    xy = torch.rand(b, m, 2, generator=g) * size * 0.6
-    wh = torch.rand(b, m, 2, generator=g) * size * 0.3 + 8
-    boxes = torch.cat([xy, xy + wh], -1)
-    labels = torch.randint(0, 10, (b, m), generator=g)
-    valid = torch.arange(m).expand(b, m) < torch.randint(1, m, (b, 1), generator=g)
-    return Batch(images=images.pin_memory(),
-                 targets=Targets(boxes.pin_memory(), labels.pin_memory(), valid.pin_memory()))
 
 
 def _contexts(amp=True, amp_dtype="float16", channels_last=False, max_graphs=1):
@@ -97,7 +83,7 @@ def test_graphed_training_matches_eager(amp, amp_dtype, channels_last):
     init = _flat(eager.params)
     worst = 0.0
     for i in range(20):
-        batch = _batch(seed=i % 4)
+        batch = synthetic_batch(seed=i % 4)
         update = i % 2 == 1  # two micro-batches per update: gradient accumulation through replays
         a = train_step(eager, batch, update)
         b = train_step(graphed, batch, update)
@@ -105,8 +91,8 @@ def test_graphed_training_matches_eager(amp, amp_dtype, channels_last):
         torch.testing.assert_close(b, a, rtol=LOSS_RTOL[key], atol=1e-5, msg=f"step {i}")
     # What 20 steps did to the weights (float16 steps skipped for overflow are skipped in both).
     update_rel = _rel(_flat(graphed.params) - init, _flat(eager.params) - init)
-    train_step(eager, _batch(seed=7), update=False)
-    train_step(graphed, _batch(seed=7), update=False)
+    train_step(eager, synthetic_batch(seed=7), update=False)
+    train_step(graphed, synthetic_batch(seed=7), update=False)
     ge, gg = _flat_grads(eager), _flat_grads(graphed)
     # A float16 micro-batch can still overflow at the current loss scale (inf in both runs).
     grad_rel = _rel(gg, ge) if torch.isfinite(ge).all() else None
@@ -129,8 +115,8 @@ def test_planted_capture_failure_falls_back_and_the_run_completes(caplog):
 
     handle = net.head.register_forward_hook(sync_while_capturing)
     for i in range(8):
-        items = train_step(graphed, _batch(seed=i), update=True)
-        train_step(eager, _batch(seed=i), update=True)
+        items = train_step(graphed, synthetic_batch(seed=i), update=True)
+        train_step(eager, synthetic_batch(seed=i), update=True)
     handle.remove()
     torch.cuda.synchronize()
     stats = manager.stats()
@@ -146,8 +132,8 @@ def test_failed_backward_replay_recomputes_and_continues_eager():
     # bfloat16: no loss scale, so six accumulated micro-batches cannot overflow.
     eager, graphed, manager = _contexts(amp_dtype="bfloat16")
     for i in range(3):
-        train_step(eager, _batch(seed=i), update=False)
-        train_step(graphed, _batch(seed=i), update=False)
+        train_step(eager, synthetic_batch(seed=i), update=False)
+        train_step(graphed, synthetic_batch(seed=i), update=False)
     [shape] = manager._graphs.values()
 
     class Broken:
@@ -156,8 +142,8 @@ def test_failed_backward_replay_recomputes_and_continues_eager():
 
     shape.backward_graph = Broken()
     for i in range(3, 6):
-        train_step(eager, _batch(seed=i), update=False)
-        train_step(graphed, _batch(seed=i), update=False)
+        train_step(eager, synthetic_batch(seed=i), update=False)
+        train_step(graphed, synthetic_batch(seed=i), update=False)
     stats = manager.stats()
     assert "planted backward replay failure" in stats["fallback_reason"]
     assert stats["replayed_steps"] == 2  # the capturing step, and the step whose backward failed
@@ -169,7 +155,7 @@ def test_multi_size_inputs_never_crash():
     sizes = [(8, 224), (8, 256), (8, 288), (8, 256), (5, 256), (8, 224)]
     for i in range(24):
         b, s = sizes[i % len(sizes)]
-        items = train_step(graphed, _batch(b=b, size=s, seed=i), update=i % 2 == 1)
+        items = train_step(graphed, synthetic_batch(b=b, size=s, seed=i), update=i % 2 == 1)
         assert torch.isfinite(items).all()
     stats = manager.stats()
     print(f"\nmulti-size: {stats}")
@@ -180,19 +166,19 @@ def test_multi_size_inputs_never_crash():
 def test_last_partial_batch_runs_eager_and_replay_resumes():
     _, graphed, manager = _contexts()
     for i in range(6):
-        train_step(graphed, _batch(seed=i), update=True)
+        train_step(graphed, synthetic_batch(seed=i), update=True)
     before = manager.stats()
-    train_step(graphed, _batch(b=5, seed=6), update=True)  # the epoch's last, partial batch
+    train_step(graphed, synthetic_batch(b=5, seed=6), update=True)  # the epoch's last, partial batch
     after = manager.stats()
     assert after["replayed_steps"] == before["replayed_steps"]
     assert after["eager_steps"] == before["eager_steps"] + 1
-    train_step(graphed, _batch(seed=7), update=True)
+    train_step(graphed, synthetic_batch(seed=7), update=True)
     assert manager.stats()["replayed_steps"] == before["replayed_steps"] + 1
 
 
 def test_replayed_steps_are_sync_free():
     _, graphed, manager = _contexts()
-    batches = [_batch(seed=i) for i in range(4)]
+    batches = [synthetic_batch(seed=i) for i in range(4)]
     for i in range(4):
         train_step(graphed, batches[i], update=True)
     torch.cuda.synchronize()
@@ -208,11 +194,11 @@ def test_replayed_steps_are_sync_free():
 def test_invalidate_recaptures():
     _, graphed, manager = _contexts()
     for i in range(4):
-        train_step(graphed, _batch(seed=i), update=True)
+        train_step(graphed, synthetic_batch(seed=i), update=True)
     manager.invalidate("test")
     assert manager.stats()["captured_shapes"] == []
     for i in range(3):
-        train_step(graphed, _batch(seed=i), update=True)
+        train_step(graphed, synthetic_batch(seed=i), update=True)
     assert manager.stats()["captured_shapes"] == [[8, 3, 256, 256]] and manager.captures == 2
 
 
@@ -221,11 +207,11 @@ def test_peak_memory_eager_vs_graphed():
     peaks = {}
     for name, ctx in (("eager", eager), ("graphed", graphed)):
         for i in range(4):  # the graphed run captures during these
-            train_step(ctx, _batch(seed=i), update=True)
+            train_step(ctx, synthetic_batch(seed=i), update=True)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         for i in range(10):
-            train_step(ctx, _batch(seed=i), update=True)
+            train_step(ctx, synthetic_batch(seed=i), update=True)
         torch.cuda.synchronize()
         peaks[name] = torch.cuda.max_memory_allocated() / 2**20
     print(f"\npeak allocated over 10 steps: eager {peaks['eager']:.0f} MB, graphed {peaks['graphed']:.0f} MB "

@@ -2,28 +2,19 @@
 
 import pytest
 import torch
+from synthetic import synthetic_batch
 
 from libreyolo.config import build_config
-from libreyolo.data import Batch
 from libreyolo.engine.step import train_step
 from libreyolo.engine.trainer import build_step_context
 from libreyolo.families import get_family
-from libreyolo.families.base import Targets
+
+
+def _batch(**kw):
+    return synthetic_batch(empty_first=True, **kw)
+
 
 pytestmark = pytest.mark.gpu
-
-
-def _batch(b=8, size=256, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    images = torch.randint(0, 255, (b, 3, size, size), dtype=torch.uint8, generator=g)
-    m = 8
-    xy = torch.rand(b, m, 2, generator=g) * size * 0.6
-    wh = torch.rand(b, m, 2, generator=g) * size * 0.3 + 8
-    boxes = torch.cat([xy, xy + wh], -1)
-    labels = torch.randint(0, 10, (b, m), generator=g)
-    valid = torch.arange(m).expand(b, m) < torch.randint(1, m, (b, 1), generator=g)
-    valid[0] = False  # one image without objects
-    return Batch(images=images.pin_memory(), targets=Targets(boxes.pin_memory(), labels.pin_memory(), valid.pin_memory()))
 
 
 def _ctx(amp=True, amp_dtype="float16", **extra):
