@@ -42,3 +42,20 @@ def test_results_csv_blank_metrics_on_epochs_without_validation(tmp_path):
         rows = list(csv.DictReader(f))
     assert [r["map50_95"] != "" for r in rows] == [False, True, True]  # epoch 2 and the last
     assert set(rows[0]) >= {"epoch", "train/box", "train/cls", "train/dfl", "lr", "seconds", "skipped_steps"}
+
+
+def test_family_set_epoch_reason_invalidates_graphs(tmp_path, monkeypatch, caplog):
+    """A family whose captured computation changes at an epoch says so; the trainer re-arms graphs."""
+    import logging
+
+    from libreyolo.engine.graphs import GraphManager
+    from libreyolo.families.yolo9.net import YOLO9Model
+
+    seen, invalidated = [], []
+    monkeypatch.setattr(YOLO9Model, "set_epoch", lambda self, epoch, cfg: seen.append(epoch) or
+                        ("l1 branch on" if epoch == 1 else None), raising=False)
+    monkeypatch.setattr(GraphManager, "invalidate", lambda self, reason: invalidated.append(reason))
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        LibreYOLO("yolo9-t").train(epochs=2, project=str(tmp_path), **TINY)
+    assert seen == [0, 1] and invalidated == ["l1 branch on"]
+    assert "epoch 2: l1 branch on" in caplog.text

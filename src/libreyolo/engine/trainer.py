@@ -86,6 +86,7 @@ class Trainer:
         for epoch in range(self.start_epoch, self.cfg.epochs):
             self.epoch = epoch
             self.train_loader.set_epoch(self.epoch)
+            self._family_epoch()
             self._call("before_epoch")
             self.run_epoch()
             self._call("after_epoch")
@@ -98,6 +99,15 @@ class Trainer:
         return TrainResult(metrics=dict(self.metrics), run_dir=self.run_dir,
                            best=best if best.exists() else weights / "last.pt",
                            last=weights / "last.pt", epochs_run=epochs_run)
+
+    def _family_epoch(self) -> None:
+        """Let the family switch epoch-dependent training (YOLOX's L1 term when mosaic closes); a
+        change to what the captured region computes re-arms the CUDA graphs."""
+        set_epoch = getattr(self.model, "set_epoch", None)
+        reason = set_epoch(self.epoch, self.cfg) if callable(set_epoch) else None
+        if reason:
+            log.info(f"epoch {self.epoch + 1}: {reason}")
+            self.graphs.invalidate(reason)
 
     def run_epoch(self) -> None:
         self.model.train()
