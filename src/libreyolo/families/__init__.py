@@ -60,5 +60,7 @@ def weights_name(spec: FamilySpec, size: str) -> str:
 
 
 from .yolo9.spec import SPEC as _YOLO9  # noqa: E402
+from .yolox.spec import SPEC as _YOLOX  # noqa: E402
 
 register(_YOLO9)
+register(_YOLOX)

@@ -1,0 +1,252 @@
+"""YOLOX loss and SimOTA assigner: hand-worked assignment, loop reference, class-cost identity,
+vectorisation (batch == one image at a time), finiteness with empty images, gains, L1 switch."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from libreyolo.families.base import Targets
+from libreyolo.families.common import bbox_iou
+from libreyolo.families.yolox import build, criterion
+from libreyolo.families.yolox.assign import SimOTAAssigner, class_cost
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core runner OpenMP's
+    waiting threads made a 64 px forward take seconds instead of milliseconds (measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _random_targets(gen, b, m, px, nc, counts):
+    """Padded targets with counts[i] valid boxes in image i (padding rows hold junk on purpose)."""
+    xy = torch.rand(b, m, 2, generator=gen) * px * 0.7
+    wh = 4 + torch.rand(b, m, 2, generator=gen) * px * 0.5
+    boxes = torch.cat((xy, (xy + wh).clamp(max=px)), -1)
+    labels = torch.randint(0, nc, (b, m), generator=gen)
+    valid = torch.arange(m).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)
+    return Targets(boxes, labels, valid)
+
+
+# ----------------------------------------------------------------------------- assigner
+def _hand_example():
+    """Six anchors on a row, stride 8 (centre radius 2.5 * 8 = 20 px), centres x = 4, 12, ..., 44
+    at y = 4; one class, every probability 0.25 so every class cost is BCE(sqrt 0.25, 1) = ln 2.
+
+    gt0 [0, 0, 16, 8]: in box {0, 1}, in centre region (|x - 8| < 20) {0, 1, 2}.
+    gt1 [24, 0, 48, 8]: in box {3, 4, 5}, centre region (|x - 36| < 20) {2, 3, 4, 5}.
+    gt2 [26, 0, 46, 8]: in box {3, 4, 5}, centre region {2, 3, 4, 5}.
+    A padded gt covering everything must never take an anchor.
+    Predicted boxes and their IoUs (gt0, gt1, gt2):
+      a0 [0, 0, 16, 8]   1,    0,     0         a3 [24, 0, 48, 8]  0,  1,     0.833
+      a1 [4, 0, 16, 8]   0.75, 0,     0         a4 [26, 0, 46, 8]  0,  0.833, 1
+      a2 [8, 0, 24, 8]   0.333, 0,    0         a5 [36, 0, 48, 8]  0,  0.5,   0.455
+    Dynamic k = int(sum of IoUs): gt0 2 (2.08), gt1 2 (2.33), gt2 2 (2.29).
+    Costs ln2 + 3 * -ln(IoU) (+1e5 outside box-and-centre): gt0 takes a0 (0.69), a1 (1.56);
+    gt1 takes a3 (0.69), a4 (1.24); gt2 takes a4 (0.69), a3 (1.24). a3 goes to gt1 and a4 to gt2,
+    each anchor's cheaper gt. a2 and a5 stay background.
+    """
+    centres = torch.tensor([[4.0, 4], [12, 4], [20, 4], [28, 4], [36, 4], [44, 4]])
+    strides = torch.full((6, 1), 8.0)
+    pd_boxes = torch.tensor([[[0.0, 0, 16, 8], [4, 0, 16, 8], [8, 0, 24, 8],
+                              [24, 0, 48, 8], [26, 0, 46, 8], [36, 0, 48, 8]]])
+    probs = torch.full((1, 6, 1), 0.25)
+    gt_boxes = torch.tensor([[[0.0, 0, 16, 8], [24, 0, 48, 8], [26, 0, 46, 8], [0, 0, 64, 64]]])
+    labels = torch.zeros(1, 4, dtype=torch.long)
+    valid = torch.tensor([[True, True, True, False]])
+    return probs, pd_boxes, centres, strides, labels, gt_boxes, valid
+
+
+def test_assigner_hand_worked():
+    out = SimOTAAssigner(1)(*_hand_example())
+    assert out.fg.tolist() == [[True, True, False, True, True, False]]
+    gt0, gt1, gt2 = [0.0, 0, 16, 8], [24.0, 0, 48, 8], [26.0, 0, 46, 8]
+    assert [out.boxes[0, i].tolist() for i in (0, 1, 3, 4)] == [gt0, gt0, gt1, gt2]
+    assert out.iou[0].tolist() == pytest.approx([1.0, 0.75, 0.0, 1.0, 1.0, 0.0], abs=1e-5)
+    assert out.labels[0].tolist() == [0] * 6
+
+
+def test_assigner_hand_worked_k1_and_empty_image():
+    probs, pd_boxes, centres, strides, labels, boxes, valid = _hand_example()
+    # Only gt0 valid, and a1's prediction shrunk so gt0's IoUs sum to 1 + 0.25 + 0.33 < 2: k = 1,
+    # gt0 takes only a0. Image 1: the same picture with no valid gt: nothing is assigned.
+    pd = pd_boxes.clone()
+    pd[0, 1] = torch.tensor([12.0, 0, 16, 8])
+    only0 = torch.tensor([[True, False, False, False]])
+    out = SimOTAAssigner(1)(probs.repeat(2, 1, 1), pd.repeat(2, 1, 1), centres, strides,
+                            labels.repeat(2, 1), boxes.repeat(2, 1, 1),
+                            torch.cat((only0, torch.zeros_like(only0))))
+    assert out.fg.tolist() == [[True] + [False] * 5, [False] * 6]
+    assert out.iou[1].abs().sum() == 0
+
+
+def test_class_cost_equals_summed_bce():
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(2, 7, 5, generator=gen)
+    probs[0, 0, 0] = 0.0  # the clamp keeps the cost finite where BCE clamps its log
+    labels = torch.randint(0, 5, (2, 3), generator=gen)
+    got = class_cost(probs, labels)
+    want = torch.zeros(2, 3, 7)
+    for b in range(2):
+        for g in range(3):
+            onehot = F.one_hot(labels[b, g], 5).float().expand(7, 5)
+            want[b, g] = F.binary_cross_entropy(probs[b], onehot, reduction="none").sum(-1)
+    assert torch.allclose(got, want, atol=1e-4)
+
+
+def _reference_simota(probs, pd_boxes, centres, strides, labels, boxes, valid):
+    """Per-image, per-gt loops written straight from the YOLOX description (ragged candidates)."""
+    b, a, c = probs.shape
+    fg = torch.zeros(b, a, dtype=torch.bool)
+    gt_of = torch.full((b, a), -1)
+    for i in range(b):
+        gts = [j for j in range(boxes.shape[1]) if valid[i, j]]
+        if not gts:
+            continue
+        x, y, r = centres[:, 0], centres[:, 1], strides[:, 0] * 2.5
+        inb, inc = {}, {}
+        for j in gts:
+            x1, y1, x2, y2 = boxes[i, j].tolist()
+            inb[j] = (x > x1) & (y > y1) & (x < x2) & (y < y2)
+            inc[j] = ((x - (x1 + x2) / 2).abs() < r) & ((y - (y1 + y2) / 2).abs() < r)
+        cand = [k for k in range(a) if any(inb[j][k] or inc[j][k] for j in gts)]
+        cost, iou = {}, {}
+        for j in gts:
+            onehot = F.one_hot(labels[i, j], c).float()
+            for k in cand:
+                iou[j, k] = bbox_iou(boxes[i, j], pd_boxes[i, k]).clamp(min=0).item()
+                cls = F.binary_cross_entropy(probs[i, k].sqrt(), onehot, reduction="sum").item()
+                penalty = 0.0 if inb[j][k] and inc[j][k] else 1e5
+                cost[j, k] = cls + 3 * -torch.log(torch.tensor(iou[j, k] + 1e-8)).item() + penalty
+        claims = {}
+        for j in gts:
+            top = sorted((iou[j, k] for k in cand), reverse=True)[:10]
+            dyn = max(int(torch.tensor(top).sum().item()), 1)
+            for k in sorted(cand, key=lambda k: cost[j, k])[:dyn]:
+                claims.setdefault(k, []).append(j)
+        for k, js in claims.items():
+            fg[i, k] = True
+            gt_of[i, k] = js[0] if len(js) == 1 else min(gts, key=lambda j: cost[j, k])
+    return fg, gt_of
+
+
+def test_assigner_matches_loop_reference_on_random_scene():
+    gen = torch.Generator().manual_seed(3)
+    side = 8
+    ys, xs = torch.meshgrid(torch.arange(side) + 0.5, torch.arange(side) + 0.5, indexing="ij")
+    centres = torch.stack((xs, ys), -1).reshape(-1, 2) * 8  # 64 anchors, stride 8
+    strides = torch.full((64, 1), 8.0)
+    b, a, c = 3, side * side, 4
+    probs = torch.rand(b, a, c, generator=gen)
+    centre = centres.unsqueeze(0) + (torch.rand(b, a, 2, generator=gen) - 0.5) * 8
+    half = 4 + torch.rand(b, a, 2, generator=gen) * 16
+    pd_boxes = torch.cat((centre - half, centre + half), -1)
+    tg = _random_targets(gen, b, 8, 64, c, [3, 0, 6])
+    out = SimOTAAssigner(c)(probs, pd_boxes, centres, strides, tg.labels, tg.boxes, tg.valid)
+    fg, gt_of = _reference_simota(probs, pd_boxes, centres, strides, tg.labels, tg.boxes, tg.valid)
+    assert fg.any() and torch.equal(out.fg, fg)
+    idx = gt_of.clamp(min=0)
+    want_boxes = tg.boxes.gather(1, idx.unsqueeze(-1).expand(b, a, 4))
+    assert torch.equal(out.boxes[fg], want_boxes[fg])
+    assert torch.equal(out.labels[fg], tg.labels.gather(1, idx)[fg])
+
+
+# ----------------------------------------------------------------------------- full loss
+@pytest.mark.parametrize("size", ["n", "t", "s", "m", "l", "x"])
+def test_forward_backward_finite_every_size(size):
+    """One forward per size (the big sizes cost seconds on CPU), two losses on it: a batch with an
+    empty image, and the same predictions against an all-empty batch."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    model = build(size, 3).train()
+    model.use_l1 = True  # every term live
+    crit = criterion(model, None)
+    tg = _random_targets(gen, 2, 8, 64, 3, [4, 0])  # image 1 has no boxes
+    empty = Targets(torch.zeros(2, 8, 4), torch.zeros(2, 8, dtype=torch.long),
+                    torch.zeros(2, 8, dtype=torch.bool))
+    preds = model.forward_train(model.capturable(torch.rand(2, 3, 64, 64)), tg)
+    loss, items = crit(preds, tg)
+    loss_empty, items_empty = crit(preds, empty)
+    assert loss.ndim == 0 and items.shape == (4,) and not items.requires_grad
+    assert torch.isfinite(loss) and torch.isfinite(items).all() and (items > 0).all()
+    assert torch.allclose(loss, items.sum() * 2)
+    # All empty: only objectness remains (every anchor a negative), over max(0 positives, 1).
+    assert torch.isfinite(loss_empty) and items_empty[1] > 0
+    assert items_empty[[0, 2, 3]].abs().sum() == 0
+    (loss + loss_empty).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_batch_loss_equals_per_image_sums():
+    """Everything but the normaliser is per image, so the batched (vectorised) loss must equal
+    sum_i raw_i / max(sum_i n_i, 1) computed one image at a time."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(2)
+    model = build("t", 3).train()
+    model.use_l1 = True
+    crit = criterion(model, None)
+    x = torch.rand(4, 3, 64, 96)
+    tg = _random_targets(gen, 4, 8, 64, 3, [2, 0, 5, 8])
+    with torch.no_grad():
+        preds = model(x)
+        loss, items = crit(preds, tg)
+        raws, counts = [], []
+        for i in range(4):
+            one = Targets(*(t[i:i + 1] for t in tg))
+            r, n = crit.per_image(tuple(p[i:i + 1] for p in preds), one)
+            raws.append(r[0])
+            counts.append(n[0])
+        batch_raw, batch_n = crit.per_image(preds, tg)
+    assert torch.allclose(batch_raw, torch.stack(raws), rtol=1e-5, atol=1e-5)
+    assert torch.equal(batch_n, torch.stack(counts))
+    want_items = torch.stack(raws).sum(0) / torch.stack(counts).sum().clamp(min=1)
+    assert torch.allclose(items, want_items, rtol=1e-5)
+    assert torch.allclose(loss, want_items.sum() * 4, rtol=1e-5)
+    assert batch_n[1] == 0 and batch_raw[1, [0, 2, 3]].abs().sum() == 0  # empty image
+
+
+def test_l1_term_follows_set_epoch_and_targets_invert_decoding():
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(5)
+    model = build("n", 3).train()
+    crit = criterion(model, None)
+    tg = _random_targets(gen, 2, 8, 64, 3, [3, 2])
+    with torch.no_grad():
+        preds = model(torch.rand(2, 3, 64, 64))
+        _, off = crit(preds, tg)
+        assert model.set_epoch(5, SimpleNamespace(epochs=10, no_aug_epochs=5)) is not None
+        _, on = crit(preds, tg)
+    assert off[3] == 0 and on[3] > 0 and torch.allclose(off[:3], on[:3])
+    # The L1 targets are exactly the raw outputs that decode to the gt box.
+    grid, strides = model.grids(preds)
+    boxes = torch.tensor([[10.0, 20, 50, 36]]).expand(1, grid.shape[0], 4)
+    raw = crit.l1_targets(boxes, grid, strides)
+    from libreyolo.families.yolox.net import decode_boxes
+    assert torch.allclose(decode_boxes(raw, grid, strides), boxes, atol=1e-4)
+
+
+def test_gains_from_cfg_and_float32_under_autocast():
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(4)
+    model = build("n", 3).train()
+    tg = _random_targets(gen, 2, 8, 64, 3, [3, 2])
+    with torch.no_grad():
+        preds = model(torch.rand(2, 3, 64, 64))
+    base = criterion(model, None)
+    doubled = criterion(model, SimpleNamespace(box=10.0, cls=2.0))
+    _, items = base(preds, tg)
+    _, items2 = doubled(preds, tg)
+    assert base.gains == (5.0, 1.0)
+    assert torch.allclose(items2[[0, 2]], items[[0, 2]] * 2, rtol=1e-5)
+    assert torch.allclose(items2[1], items[1])
+    loss16, items16 = base(tuple(p.to(torch.bfloat16) for p in preds), tg)
+    assert loss16.dtype == torch.float32 and torch.isfinite(items16).all()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, items_ac = base(preds, tg)
+    assert items_ac.dtype == torch.float32 and torch.allclose(items_ac, items, rtol=1e-6)
