@@ -59,8 +59,10 @@ def weights_name(spec: FamilySpec, size: str) -> str:
     return f"{spec.weights_prefix}{size}.pt"
 
 
+from .rtmdet.spec import SPEC as _RTMDET  # noqa: E402
 from .yolo9.spec import SPEC as _YOLO9  # noqa: E402
 from .yolox.spec import SPEC as _YOLOX  # noqa: E402
 
 register(_YOLO9)
 register(_YOLOX)
+register(_RTMDET)
