@@ -114,3 +114,14 @@ def test_bench_step_cpu(cli):
     assert "step ms (min/med)" in table.stdout and "yolo9-t" in table.stdout
     bad = cli("bench", "step", "model=yolo9-t", "arms=turbo")
     assert bad.returncode == 2 and "unknown arm 'turbo'" in bad.stderr
+
+
+@pytest.mark.parametrize("model", ["yolox-n", "rtmdet-t"])
+def test_other_families_train_two_epochs(cli, tmp_path, model):
+    result = cli("train", f"model={model}", "data=shapes", "device=cpu", "workers=0", "imgsz=128", "batch=8",
+                 "epochs=2", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    rows = _rows(tmp_path / out["run_dir"])
+    assert [r["epoch"] for r in rows] == ["1", "2"] and rows[-1]["map50_95"] != ""
+    assert all(float(v) >= 0 for r in rows for k, v in r.items() if k.startswith("train/"))
