@@ -96,8 +96,9 @@ class TrainConfig:
 # Keys whose feature is planned but not in this version: setting them to a non-default value is an
 # error that says so, never a silent no-op.
 UNAVAILABLE: dict[str, str] = {
+    # engine/graphs.py exists and is CPU-tested; the key opens once tests/gpu/test_graphs_gpu.py
+    # has passed on a GPU (a wrong capture would silently corrupt training, not crash it).
     "cuda_graph": "CUDA graph capture is not available in this version yet",
-    "profile": "the training profiler is not available in this version yet",
 }
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig)}

@@ -66,5 +66,5 @@ def test_every_key_has_doc_and_describable_type():
 
 def test_unavailable_feature_says_so():
     with pytest.raises(ConfigError, match="not available in this version"):
-        build_config({"profile": True})
-    assert build_config({"profile": False}).profile is False
+        build_config({"cuda_graph": True})
+    assert build_config({"cuda_graph": False}).cuda_graph is False

@@ -152,6 +152,8 @@ def cfg(as_json: bool = typer.Option(False, "--json", help="One JSON list of {ke
 
 def main(argv: list[str] | None = None) -> None:
     from .bench import bench_app
+    from .profile import profile_app
 
     app.add_typer(bench_app, name="bench")
+    app.add_typer(profile_app, name="profile")
     app(args=argv, prog_name="libreyolo")

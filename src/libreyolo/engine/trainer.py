@@ -18,6 +18,7 @@ from ..config import TrainConfig
 from ..errors import LibreYOLOError
 from ..families.base import FamilySpec
 from ..profiler.markers import phase
+from ..profiler.window import profiler_hooks
 from . import checkpoint as ckpt_io
 from .ema import ModelEMA
 from .graphs import GraphManager
@@ -63,7 +64,7 @@ class Trainer:
             self.ctx.optimizer, self.ctx.precision, self.ctx.ema, self.ctx.criterion, self.ctx.graphs)
         self.schedule = LRSchedule(self.optimizer, cfg, self.steps_per_epoch, accumulate_steps(cfg.batch, cfg.nbs))
         self.hooks: list[Hook] = hooks if hooks is not None else [
-            ValidationHook(), ResultsHook(), CheckpointHook(), ProgressHook()]
+            ValidationHook(), ResultsHook(), CheckpointHook(), ProgressHook(), *profiler_hooks(cfg)]
         self.start_epoch, self.epoch, self.batch_index, self.iteration = 0, 0, 0, 0
         self.best_fitness, self.best_epoch, self.improved, self.stop = -1.0, -1, False, False
         self.metrics: dict[str, float] = {}
@@ -137,6 +138,10 @@ class Trainer:
             if (self.batch_index + 1) % self.cfg.log_interval == 0 or self.batch_index + 1 == n:
                 self._read_losses()
             self._call("after_step")
+            if self.stop:  # a hook ended the run mid-epoch (`profile run` after its window)
+                if self._interval_steps:
+                    self._read_losses()  # so the epoch line shows the steps that did run
+                break
 
     # --- loss bookkeeping: device-side sums, one read-back per log interval ---------------------
     def _reset_interval(self) -> None:

@@ -1,58 +1,406 @@
-"""Trace arithmetic shared by the profiler and the step benchmark (no model code imported).
+"""Trace arithmetic and the verdict, shared by the profiler and the step benchmark.
 
-Busy time follows GPU_NOTES.md: per device, the union of `kernel`, `gpu_memcpy` and `gpu_memset`
-intervals over all streams, clipped to the window; never `gpu_user_annotation` spans, which run
-from the first to the last GPU op of a CPU range and so count idle gaps as busy.
+Nothing here imports torch or model code: `libreyolo profile summary|phases|kernels` and the tests
+use it on plain JSON. Times are microseconds on the trace's clock unless a name ends in `_ms`.
+
+Busy time (GPU_NOTES.md): per device, the union of `kernel`, `gpu_memcpy` and `gpu_memset`
+intervals over all streams; never `gpu_user_annotation` spans, which run from the first to the
+last GPU op of a CPU range and so count idle gaps as busy. A kernel belongs to the step whose CPU
+span *launched* it (joined through the correlation id), not to the step during which it ran: an
+unsynchronised CPU runs ahead of the GPU, and attributing by launch makes a window's busy time
+the work that window asked for. Kernels that start before their own launch are dropped (repeated
+profiler sessions in one process corrupt the first timestamps, pytorch issue 192021).
+
+The verdict reads the first, unsynchronised half only. W is the summed step wall time, B the busy
+union of the kernels those steps launched, U = B / W the utilisation and I = W - B the idle time.
+
+1. `compute-bound` when U >= COMPUTE_BOUND_UTIL (0.80). Above 80 % busy, removing every idle
+   microsecond wins at most 1.25x, while faster kernels (bf16/fp16 tensor cores, a larger batch
+   that amortises fixed per-kernel costs) commonly win 1.5-3x: the kernels are the prize.
+2. `dataloader-bound` when the wait for the next batch (time blocked in `next(loader)`, capped at
+   I) is at least as large as each idle class below: it is the biggest single piece of idle.
+3. The idle time outside data waits is split by gap length. A gap shorter than LAUNCH_GAP_US
+   (100 us) is what launching costs: an eager op is ~5-30 us of Python, dispatcher and
+   cudaLaunchKernel, so a sub-100 us gap is a few launches back to back. Longer gaps mean the CPU
+   did something else (Python logic, a CPU-side assigner, allocator work, waiting on a sync).
+   `host-bound` when host syncs per step >= HOST_SYNCS_PER_STEP (1.0) or long-gap idle exceeds
+   short-gap idle. The step is meant to be sync-free (the loop reads losses back once per
+   `log_interval`, 0.1 per step by default); a sync every step means the step waits on the GPU,
+   which also keeps CUDA graphs from capturing it. `launch-bound` otherwise.
+
+On CPU there are no kernels: U = (W - data wait) / W, and the verdict is `compute-bound` when
+U >= COMPUTE_BOUND_UTIL, else `dataloader-bound` (waiting for data is the only idle a CPU step has).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from pathlib import Path
 
+from .markers import PHASES
+
 BUSY_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+HOST_CATEGORIES = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"})
+# Runtime/driver calls that block the host until the GPU catches up. `.item()`, `.cpu()` and
+# `.tolist()` of a CUDA tensor, `nonzero` and boolean-mask indexing all end in one of these.
+SYNC_CALLS = frozenset({
+    "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+    "cudaMemcpy2D", "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuMemcpyDtoH",
+    "cuMemcpyDtoH_v2"})
+# On a CPU run nothing blocks, so we count the ops that *would* block on a GPU: reading a scalar
+# (`.item()`, `float(t)`, `bool(t)`) and ops whose output size depends on the data.
+CPU_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"})
+
+COMPUTE_BOUND_UTIL = 0.80
+LAUNCH_GAP_US = 100.0
+HOST_SYNCS_PER_STEP = 1.0
+THRESHOLDS = {"compute_bound_util": COMPUTE_BOUND_UTIL, "launch_gap_us": LAUNCH_GAP_US,
+              "host_syncs_per_step": HOST_SYNCS_PER_STEP}
+
+Span = tuple[float, float]
 
 
-def union_length(intervals: Iterable[tuple[float, float]], lo: float = float("-inf"),
-                 hi: float = float("inf")) -> float:
-    """Total length covered by `(start, end)` intervals, clipped to [lo, hi]; overlaps count once."""
-    clipped = sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi)
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in clipped:
+# --- intervals ----------------------------------------------------------------------------------
+def merge(intervals: Iterable[Span]) -> list[Span]:
+    """Sorted, non-overlapping union of `(start, end)` intervals (empty ones dropped)."""
+    out: list[Span] = []
+    for s, e in sorted(intervals):
         if e <= s:
             continue
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
         else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
-
-
-def gpu_intervals(trace: dict | str | Path) -> list[tuple[float, float]]:
-    """(start, end) in microseconds of every kernel/memcpy/memset event of a Chrome trace."""
-    if not isinstance(trace, dict):
-        trace = json.loads(Path(trace).read_text())
-    out = []
-    for ev in trace.get("traceEvents", []):
-        if ev.get("ph") == "X" and ev.get("cat") in BUSY_CATEGORIES:
-            start = float(ev["ts"])
-            out.append((start, start + float(ev.get("dur", 0.0))))
+            out.append((s, e))
     return out
 
 
-def kernel_table(trace: dict, top: int = 10) -> list[dict]:
-    """Kernels aggregated by name: count, total and mean microseconds, share of kernel time."""
+def union_length(intervals: Iterable[Span], lo: float = float("-inf"), hi: float = float("inf")) -> float:
+    """Total length covered by `(start, end)` intervals, clipped to [lo, hi]; overlaps count once."""
+    return sum(e - s for s, e in merge((max(s, lo), min(e, hi)) for s, e in intervals))
+
+
+def _gaps(busy: list[Span], lo: float, hi: float) -> list[Span]:
+    """The complement of merged `busy` within [lo, hi]."""
+    out, cur = [], lo
+    for s, e in busy[max(bisect_right(busy, (lo, float("inf"))) - 1, 0):]:
+        if s >= hi:
+            break
+        if e <= cur:
+            continue
+        if s > cur:
+            out.append((cur, s))
+        cur = max(cur, e)
+    if cur < hi:
+        out.append((cur, hi))
+    return out
+
+
+def idle_split(busy: list[Span], spans: list[Span], waits: list[Span],
+               short_us: float = LAUNCH_GAP_US) -> tuple[float, float]:
+    """(short, long) idle time inside `spans` and outside `waits`, by gap length; `busy` merged."""
+    short = long = 0.0
+    for lo, hi in spans:
+        for s, e in _gaps(busy, lo, hi):
+            pieces = [(s, e)]
+            for ws, we in waits:
+                if we > s and ws < e:
+                    pieces = [p for a, b in pieces for p in ((a, min(b, ws)), (max(a, we), b)) if p[1] > p[0]]
+            for a, b in pieces:
+                if b - a < short_us:
+                    short += b - a
+                else:
+                    long += b - a
+    return short, long
+
+
+def snap(points: list[float], slices: list[Span]) -> list[float]:
+    """Move each point that falls strictly inside one of the merged `slices` to its nearer edge.
+
+    Our step/phase spans come from host clocks mapped onto the trace clock (a few us of error);
+    snapping keeps them strictly nested with the profiler's own slices on the same thread, which
+    Perfetto and HTA require. Order is preserved: two points in one slice never swap sides.
+    """
+    out = []
+    for p in points:
+        i = bisect_right(slices, (p, float("inf"))) - 1
+        if i >= 0 and slices[i][0] < p < slices[i][1]:
+            s, e = slices[i]
+            p = s if p - s <= e - p else e
+        out.append(p)
+    return out
+
+
+def in_spans(times: list[float], spans: list[Span]) -> list[int]:
+    """How many of the sorted `times` fall in each [lo, hi) span."""
+    return [bisect_left(times, hi) - bisect_left(times, lo) for lo, hi in spans]
+
+
+# --- trace events -------------------------------------------------------------------------------
+def load_trace(trace: dict | str | Path) -> dict:
+    return trace if isinstance(trace, dict) else json.loads(Path(trace).read_text())
+
+
+def busy_events(trace: dict | str | Path, device: int | None = None) -> list[dict]:
+    """Kernel/memcpy/memset events as {ts, end, launch, name, cat, stream}, sorted by start."""
+    events = load_trace(trace).get("traceEvents", [])
+    launches = {}
+    for ev in events:
+        if ev.get("ph") == "X" and ev.get("cat") in LAUNCH_CATEGORIES:
+            corr = (ev.get("args") or {}).get("correlation")
+            if corr is not None:
+                launches[corr] = float(ev["ts"])
+    out = []
+    for ev in events:
+        if ev.get("ph") != "X" or ev.get("cat") not in BUSY_CATEGORIES:
+            continue
+        args = ev.get("args") or {}
+        if device is not None and args.get("device", ev.get("pid")) != device:
+            continue
+        ts = float(ev["ts"])
+        launch = launches.get(args.get("correlation"))
+        if launch is not None and ts < launch:
+            continue
+        out.append({"ts": ts, "end": ts + float(ev.get("dur", 0.0)), "launch": ts if launch is None else launch,
+                    "name": str(ev.get("name", "")), "cat": ev["cat"], "stream": args.get("stream", ev.get("tid"))})
+    out.sort(key=lambda e: e["ts"])
+    return out
+
+
+def gpu_intervals(trace: dict | str | Path, device: int | None = None) -> list[Span]:
+    """(start, end) in microseconds of every kernel/memcpy/memset event of a Chrome trace."""
+    return [(e["ts"], e["end"]) for e in busy_events(trace, device)]
+
+
+def launched_in(events: list[dict], spans: list[Span]) -> list[list[dict]]:
+    """The busy events launched within each [lo, hi) span."""
+    out: list[list[dict]] = [[] for _ in spans]
+    starts = [lo for lo, _ in spans]
+    for ev in events:
+        i = bisect_right(starts, ev["launch"]) - 1
+        if i >= 0 and ev["launch"] < spans[i][1]:
+            out[i].append(ev)
+    return out
+
+
+def cpu_ops(trace: dict, tid: int | None = None) -> list[dict]:
+    """`cpu_op` slices (optionally of one thread), sorted by start, outermost first on ties."""
+    ops = [ev for ev in trace.get("traceEvents", []) if ev.get("ph") == "X" and ev.get("cat") == "cpu_op"
+           and (tid is None or ev.get("tid") == tid)]
+    return sorted(ops, key=lambda ev: (float(ev["ts"]), -float(ev.get("dur", 0.0))))
+
+
+def top_level(slices: list[dict]) -> list[dict]:
+    """The outermost of sorted slices on one thread (children end inside their parent)."""
+    out, end = [], float("-inf")
+    for ev in slices:
+        ts = float(ev["ts"])
+        if ts >= end:
+            out.append(ev)
+            end = ts + float(ev.get("dur", 0.0))
+    return out
+
+
+def thread_slices(trace: dict, tid: int) -> list[Span]:
+    """Outermost host slices the profiler recorded on thread `tid` (ops, runtime calls), sorted."""
+    mine = sorted((ev for ev in trace.get("traceEvents", []) if ev.get("ph") == "X" and ev.get("tid") == tid
+                   and ev.get("cat") in HOST_CATEGORIES),
+                  key=lambda ev: (float(ev["ts"]), -float(ev.get("dur", 0.0))))
+    return [(float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0))) for ev in top_level(mine)]
+
+
+def sync_times(trace: dict, tid: int | None = None) -> list[float]:
+    """Sorted start times of host syncs: blocking CUDA calls on GPU traces, would-be syncs on CPU.
+
+    With `tid`, only that thread's (the training loop's): a sync on the pin-memory thread blocks
+    nobody. If the trace has no host events on `tid` at all (thread ids recorded differently), all
+    threads count rather than none.
+    """
+    events = [ev for ev in trace.get("traceEvents", []) if ev.get("ph") == "X"]
+    if any(ev.get("cat") in LAUNCH_CATEGORIES for ev in events):
+        hits = [ev for ev in events if ev.get("cat") in LAUNCH_CATEGORIES and ev.get("name") in SYNC_CALLS]
+    else:
+        hits = [ev for ev in events if ev.get("cat") == "cpu_op" and ev.get("name") in CPU_SYNC_OPS]
+    if tid is not None and any(ev.get("tid") == tid and ev.get("cat") in HOST_CATEGORIES for ev in events):
+        hits = [ev for ev in hits if ev.get("tid") == tid]
+    return sorted(float(ev["ts"]) for ev in hits)
+
+
+def clock_correction(trace: dict, anchors: list[Span], tolerance_us: float = 20_000.0) -> float:
+    """Median offset (trace - ours) between our own device syncs and the trace's records of them.
+
+    Our timestamps are host clocks mapped to the trace clock; the `cudaDeviceSynchronize` calls we
+    make ourselves are anchors present in both. 0.0 when there are none (CPU runs).
+    """
+    mids = sorted(float(ev["ts"]) + float(ev.get("dur", 0.0)) / 2 for ev in trace.get("traceEvents", [])
+                  if ev.get("ph") == "X" and ev.get("cat") in LAUNCH_CATEGORIES
+                  and ev.get("name") in ("cudaDeviceSynchronize", "cuCtxSynchronize"))
+    diffs = []
+    for lo, hi in anchors:
+        mid = (lo + hi) / 2
+        i = bisect_left(mids, mid)
+        near = [mids[j] for j in (i - 1, i) if 0 <= j < len(mids)]
+        if near:
+            best = min(near, key=lambda m: abs(m - mid))
+            if abs(best - mid) <= tolerance_us:
+                diffs.append(best - mid)
+    return statistics.median(diffs) if diffs else 0.0
+
+
+# --- tables and figures -------------------------------------------------------------------------
+def aggregate(rows: Iterable[tuple[str, float]], top: int | None = 10) -> list[dict]:
+    """(name, duration us) pairs grouped by name: count, total ms, mean us, share of the total."""
     agg: dict[str, list[float]] = {}
-    for ev in trace.get("traceEvents", []):
-        if ev.get("ph") == "X" and ev.get("cat") == "kernel":
-            agg.setdefault(ev["name"], []).append(float(ev.get("dur", 0.0)))
+    for name, dur in rows:
+        agg.setdefault(name, []).append(dur)
     total = sum(sum(v) for v in agg.values()) or 1.0
-    rows = [{"name": k, "count": len(v), "total_us": sum(v), "mean_us": sum(v) / len(v),
-             "share": sum(v) / total} for k, v in agg.items()]
-    rows.sort(key=lambda r: -r["total_us"])
-    return rows[:top]
+    out = [{"name": k, "count": len(v), "total_ms": sum(v) / 1e3, "mean_us": sum(v) / len(v),
+            "share": sum(v) / total} for k, v in agg.items()]
+    out.sort(key=lambda r: (-r["total_ms"], r["name"]))
+    return out if top is None else out[:top]
+
+
+def kernel_table(trace: dict, top: int = 10) -> list[dict]:
+    """Kernels aggregated by name: count, total ms, mean us, share of kernel time."""
+    return aggregate(((e["name"], e["end"] - e["ts"]) for e in busy_events(trace) if e["cat"] == "kernel"), top)
+
+
+def stats(values: Iterable[float | None]) -> dict:
+    """mean, std (sample), median, min, max of the non-None values; all None when there are none."""
+    v = [float(x) for x in values if x is not None]
+    if not v:
+        return {"mean": None, "std": None, "median": None, "min": None, "max": None, "n": 0}
+    return {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0,
+            "median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+
+
+def verdict(f: dict) -> dict:
+    """The verdict from first-half figures (see the module docstring for the rules).
+
+    `f` keys: cuda, utilisation, step_ms, data_ms, idle_data_ms, idle_short_ms, idle_long_ms,
+    syncs_per_step, kernels_per_step, kernel_median_us, host_phases [(name, ms)], workers, precision.
+    """
+    util, data_share = f["utilisation"], f["data_ms"] / max(f["step_ms"], 1e-9)
+    wait = f"the loop waited for the next batch {data_share:.0%} of the step ({f['data_ms']:.1f} of {f['step_ms']:.1f} ms)"
+    data_lever = f"more dataloader workers (workers={f['workers']} now) or cache=ram"
+    if util >= COMPUTE_BOUND_UTIL:
+        reason = (f"GPU kernels busy {util:.0%} of the step" if f["cuda"] else
+                  f"the CPU computes {util:.0%} of the step ({1 - util:.0%} waiting for data)")
+        if not f["cuda"]:
+            lever = "a CUDA device (amp and CUDA graphs are GPU-only); on CPU, a smaller imgsz or model"
+        elif f["precision"] == "float32":
+            lever = "amp=True with amp_dtype=bfloat16 (or float16 before Ampere), then a larger batch"
+        else:
+            lever = "a larger batch (kernels are already in reduced precision), or a smaller model/imgsz"
+        return {"name": "compute-bound", "reason": reason, "lever": lever}
+    if not f["cuda"] or f["idle_data_ms"] >= max(f["idle_short_ms"], f["idle_long_ms"]):
+        return {"name": "dataloader-bound", "reason": wait, "lever": data_lever}
+    top = ", ".join(f"{n} {ms:.1f} ms" for n, ms in f["host_phases"][:3])
+    if f["syncs_per_step"] >= HOST_SYNCS_PER_STEP or f["idle_long_ms"] > f["idle_short_ms"]:
+        return {"name": "host-bound",
+                "reason": (f"GPU idle {1 - util:.0%} of the step while the CPU does other work: "
+                           f"{f['syncs_per_step']:.1f} host syncs per step; top host phases: {top}"),
+                "lever": "fix the code path (host syncs, CPU work in those phases); CUDA graphs help little"}
+    return {"name": "launch-bound",
+            "reason": (f"GPU busy {util:.0%}: idle between {f['kernels_per_step']:.0f} kernels per step "
+                       f"(median {f['kernel_median_us']:.0f} us) while the CPU launches them"),
+            "lever": "cuda_graph=True (launch the network as one graph), or a larger batch"}
+
+
+def finite(x: float | None) -> float | None:
+    """None for None/NaN/inf, so figures serialise as JSON null."""
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+# --- a window's figures (window.py measures, these summarise) ------------------------------
+def _fill_first_half(first: list[dict], events: list[dict], syncs: list[float], cuda: bool) -> list[list[dict]]:
+    """Per-step syncs, kernels and busy ms (CPU: compute ms) into `first`; the events per step."""
+    spans = [(s["ts"], s["cpu_end"]) for s in first]
+    groups = launched_in(events, spans) if cuda else [[] for _ in first]
+    # On CPU the loader's own tensor ops (CPU tensors on a GPU run too) are no would-be syncs.
+    sync_spans = spans if cuda else [(next(p["end"] for p in s["phases"] if p["name"] == "data"), s["cpu_end"])
+                                     for s in first]
+    for s, group, n in zip(first, groups, in_spans(syncs, sync_spans)):
+        s["syncs"] = n
+        s["kernels"] = sum(e["cat"] == "kernel" for e in group)
+        s["busy_ms"] = (union_length((e["ts"], e["end"]) for e in group) / 1e3 if cuda
+                        else s["wall_ms"] - s["data_ms"])
+    return groups
+
+
+def analyse_first_half(steps: list[dict], events: list[dict], syncs: list[float], cuda: bool,
+                       workers: int, precision: str) -> dict:
+    """The window's utilisation, idle split and verdict from the unsynchronised half (per-step
+    figures are filled into `steps` too)."""
+    first = [s for s in steps if s["half"] == 1]
+    groups = _fill_first_half(first, events, syncs, cuda)
+    n = len(first)
+    wall, data = sum(s["wall_ms"] for s in first), sum(s["data_ms"] for s in first)
+    busy_iv = merge((e["ts"], e["end"]) for g in groups for e in g)
+    busy = sum(e - s for s, e in busy_iv) / 1e3 if cuda else wall - data
+    waits = [(p["ts"], p["end"]) for s in first for p in s["phases"] if p["name"] == "data"]
+    short, long = idle_split(busy_iv, [(s["ts"], s["end"]) for s in first], waits) if cuda else (0.0, 0.0)
+    durs = sorted(e["end"] - e["ts"] for g in groups for e in g if e["cat"] == "kernel")
+    host: dict[str, float] = {}
+    for p in (p for s in first for p in s["phases"] if p["name"] != "data"):
+        host[p["name"]] = host.get(p["name"], 0.0) + p["cpu_ms"] / n
+    f = {"cuda": cuda, "utilisation": busy / max(wall, 1e-9), "step_ms": wall / n, "data_ms": data / n,
+         "idle_data_ms": min(data, max(wall - busy, 0.0)) / n, "idle_short_ms": short / 1e3 / n,
+         "idle_long_ms": long / 1e3 / n, "syncs_per_step": sum(s["syncs"] for s in first) / n,
+         "kernels_per_step": len(durs) / n, "kernel_median_us": stats(durs)["median"] or 0.0,
+         "host_phases": sorted(host.items(), key=lambda kv: -kv[1]), "workers": workers, "precision": precision}
+    return {"basis": "kernel busy / unsynchronised step time" if cuda else "(step - data wait) / step time",
+            "utilisation": f["utilisation"], "busy_ms": busy / n, "data_ms": data / n,
+            "data_frac": data / max(wall, 1e-9), "step_ms": stats(s["wall_ms"] for s in first),
+            "idle_data_ms": f["idle_data_ms"], "idle_short_gap_ms": f["idle_short_ms"],
+            "idle_long_gap_ms": f["idle_long_ms"], "syncs_per_step": f["syncs_per_step"],
+            "kernels_per_step": f["kernels_per_step"], "kernel_median_us": f["kernel_median_us"],
+            "host_phases_ms": dict(f["host_phases"]), "verdict": verdict(f)}
+
+
+def second_half_phases(steps: list[dict], events: list[dict], cuda: bool) -> None:
+    """Kernel busy time per synchronised phase: the work each phase launched."""
+    second = [p for s in steps if s["half"] == 2 for p in s["phases"]]
+    groups = launched_in(events, [(p["ts"], p["host_end"]) for p in second]) if cuda else [None] * len(second)
+    for p, group in zip(second, groups):
+        p["busy_ms"] = union_length((e["ts"], e["end"]) for e in group) / 1e3 if group is not None else None
+
+
+def phase_table(steps: list[dict]) -> list[dict]:
+    """Mean ms per step of each phase: host time unsynchronised (first half), synced times (second)."""
+    first = [s for s in steps if s["half"] == 1]
+    second = [s for s in steps if s["half"] == 2]
+    synced_step = sum(s["wall_ms"] for s in second) / max(len(second), 1)
+    rows = []
+    for name in (*PHASES, "other"):
+        row = {"phase": name, "host_ms": None, "synced_ms": 0.0, "cpu_ms": None, "gpu_ms": None, "busy_ms": None,
+               "steps": 0, "share": 0.0}
+        if name == "other":  # inside the step, outside every phase: hooks, loss bookkeeping, the loop
+            row["synced_ms"] = synced_step - sum(p["wall_ms"] for s in second for p in s["phases"]) / max(len(second), 1)
+        else:
+            row["host_ms"] = sum(p["cpu_ms"] for s in first for p in s["phases"] if p["name"] == name) / max(len(first), 1)
+            mine = [p for s in second for p in s["phases"] if p["name"] == name]
+            row["steps"] = len(mine)
+            for key in ("wall_ms", "cpu_ms", "gpu_ms", "busy_ms"):
+                vals = [p[key] for p in mine if p.get(key) is not None]
+                out = "synced_ms" if key == "wall_ms" else key
+                row[out] = sum(vals) / max(len(second), 1) if vals else (0.0 if key == "wall_ms" else None)
+        row["share"] = row["synced_ms"] / synced_step if synced_step > 0 else 0.0
+        rows.append(row)
+    return rows
+
+
+def public_step(s: dict) -> dict:
+    out = {k: s[k] for k in ("half", "iteration", "epoch", "wall_ms", "data_ms")}
+    if s["half"] == 1:
+        out.update(busy_ms=s["busy_ms"], kernels=s["kernels"], syncs=s["syncs"],
+                   host_ms={p["name"]: p["cpu_ms"] for p in s["phases"]})
+    else:
+        out["phases"] = {p["name"]: {k: p.get(k) for k in ("wall_ms", "cpu_ms", "gpu_ms", "busy_ms")}
+                         for p in s["phases"]}
+    return out

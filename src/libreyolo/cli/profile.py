@@ -1,0 +1,160 @@
+"""`libreyolo profile`: measure a window of real training steps, then read the results.
+
+`run` trains just long enough to fill the profiler's window. `summary`, `phases` and `kernels`
+read a profile.json only (no torch, no model code): they answer instantly and work on a copy in
+another folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import typer
+
+from .app import EXTRA, setup_logging, user_errors
+
+profile_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                          context_settings={"help_option_names": ["-h", "--help"]},
+                          help="Profile training: which lever (workers, cuda_graph, amp) will help.")
+
+DEFAULT_FAMILY, DEFAULT_SIZE = "yolo9", "s"
+# Keys `profile run` sets itself, and what to do instead.
+RESERVED = {
+    "model": "choose the model with --weights (and --size)",
+    "data": "give the dataset as the first argument: libreyolo profile run DATA [key=value ...]",
+    "epochs": "profile run trains just enough epochs to fill the window; set profile_skip/profile_steps",
+    "profile": "profile run always profiles",
+    "resume": "profile run always starts fresh",
+}
+
+
+def resolve_weights(weights: str | None, size: str | None) -> str:
+    """The model name to train: --weights by the model-name rules, --size where it applies."""
+    from ..errors import ConfigError
+    from ..families import REGISTRY, arch_name
+
+    spec = REGISTRY[DEFAULT_FAMILY] if weights is None else _family(weights)
+    if spec is not None:  # absent, or a family name: --size picks the size
+        wanted = (size or (DEFAULT_SIZE if DEFAULT_SIZE in spec.sizes else spec.sizes[0])).lower()
+        wanted = spec.size_names.get(wanted, wanted)
+        if wanted not in spec.sizes:
+            raise ConfigError(f"unknown size '{size}' for {spec.display} (allowed: {', '.join(spec.sizes)})")
+        return arch_name(spec, wanted)
+    if size is None:
+        return weights
+    from ..model import resolve_model
+
+    source = resolve_model(weights)
+    wanted = source.spec.size_names.get(size.lower(), size.lower())
+    if wanted != source.size:
+        raise ConfigError(f"--size {size} contradicts '{weights}', which is {source.arch}; drop --size or "
+                          f"choose other weights")
+    return weights
+
+
+def _family(name: str):
+    from ..families import REGISTRY
+
+    flat = re.sub(r"[-_ ]", "", name.strip().lower())
+    for spec in REGISTRY.values():
+        if flat in {spec.name, *spec.aliases, re.sub(r"[-_ ]", "", spec.display.lower())}:
+            return spec
+    return None
+
+
+@profile_app.command(context_settings=EXTRA)
+@user_errors
+def run(ctx: typer.Context,
+        data: str = typer.Argument(..., metavar="DATA", help="Dataset: built-in name (shapes, coco128) or a dataset yaml."),
+        weights: str | None = typer.Option(None, "--weights", help="Model: architecture, family, official "
+                                                                    "weights name or checkpoint (default yolo9)."),
+        size: str | None = typer.Option(None, "--size", help="Size when --weights is a family or absent (default s)."),
+        repeat: int = typer.Option(1, "--repeat", min=1, help="Trials, each in its own process; reports mean ± std."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary (or the repeat aggregate) as JSON.")) -> None:
+    """Profile training: libreyolo profile run DATA [--weights W] [--size S] [--repeat N] [key=value ...]
+
+    Trains just enough steps to fill the window (profile_skip, then profile_steps) with
+    no_aug_epochs=0 and val=false, into runs/profile/prof (prof2, ... like train runs), and prints
+    the report: verdict, the lever to pull, phases and top kernels. Any train key may follow as
+    key=value. Files: profile.json, profile_summary.json, profile_trace.json (Perfetto, HTA),
+    timeline.html.
+    """
+    from ..config import FIELDS
+    from ..errors import ConfigError
+    from .grammar import parse_overrides
+
+    setup_logging()
+    if "=" in data and data.split("=", 1)[0] in FIELDS:
+        raise ConfigError(f"'{data}' is a key=value, not a dataset: libreyolo profile run DATA [key=value ...]")
+    overrides = parse_overrides(ctx.args)
+    for key, instead in RESERVED.items():
+        if key in overrides:
+            raise ConfigError(f"'{key}' cannot be set for profile run: {instead}")
+    model = resolve_weights(weights, size)
+    from ..profiler.artifacts import load_profile, summary
+    from ..profiler.repeat import run_once, run_trials
+    from ..profiler.report import print_repeat, print_report
+
+    if repeat == 1:
+        run_dir = run_once(model, data, overrides)
+        profile = load_profile(run_dir)
+        if as_json:
+            typer.echo(json.dumps({"run_dir": str(run_dir), **summary(profile)}, indent=1))
+        else:
+            print_report(profile, file=sys.stdout)
+        return
+    parent, rep = run_trials(model, data, overrides, repeat)
+    if as_json:
+        typer.echo(json.dumps({"run_dir": str(parent), **rep}, indent=1))
+    else:
+        print_repeat(rep, file=sys.stdout)
+        typer.echo(f"trials in {parent}; aggregate in {parent / 'profile_repeat.json'}")
+
+
+@profile_app.command("summary")
+@user_errors
+def summary_cmd(path: str = typer.Argument(..., metavar="PATH", help="profile.json, or the run directory holding it."),
+                as_json: bool = typer.Option(False, "--json", help="The headline figures as JSON "
+                                                                   "(same keys as profile_summary.json).")) -> None:
+    """Headline figures and the verdict of a profile."""
+    from ..profiler.artifacts import load_profile, summary
+    from ..profiler.report import print_report
+
+    profile = load_profile(path)
+    if as_json:
+        typer.echo(json.dumps(summary(profile), indent=1))
+    else:
+        print_report(profile, file=sys.stdout, sections=("headline", "verdict"))
+
+
+@profile_app.command()
+@user_errors
+def phases(path: str = typer.Argument(..., metavar="PATH", help="profile.json, or the run directory holding it."),
+           as_json: bool = typer.Option(False, "--json", help="The phase rows as JSON.")) -> None:
+    """Mean time per step of each phase: host time unsynchronised, and synchronised CPU/GPU time."""
+    from ..profiler.artifacts import load_profile, phase_rows
+    from ..profiler.report import print_report
+
+    profile = load_profile(path)
+    if as_json:
+        typer.echo(json.dumps(phase_rows(profile), indent=1))
+    else:
+        print_report(profile, file=sys.stdout, sections=("phases",))
+
+
+@profile_app.command()
+@user_errors
+def kernels(path: str = typer.Argument(..., metavar="PATH", help="profile.json, or the run directory holding it."),
+            top: int = typer.Option(10, "--top", min=1, help="How many rows."),
+            as_json: bool = typer.Option(False, "--json", help="The kernel rows as JSON.")) -> None:
+    """The kernels (CPU runs: top-level ops) that took the most time in the window."""
+    from ..profiler.artifacts import kernel_rows, load_profile
+    from ..profiler.report import print_report
+
+    profile = load_profile(path)
+    if as_json:
+        typer.echo(json.dumps(kernel_rows(profile, top), indent=1))
+    else:
+        print_report(profile, file=sys.stdout, sections=("kernels",), top=top)

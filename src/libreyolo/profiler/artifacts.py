@@ -1,0 +1,153 @@
+"""The profiler's files, their schema, and reading them back (no torch imported).
+
+A run directory gets four files, each written to a temp file and renamed so nothing half-written
+is ever left behind:
+- `profile.json`: everything (schema `libreyolo-profile`, versioned; `load_profile` checks it);
+- `profile_summary.json`: the headline figures only, with stable keys for CI;
+- `profile_trace.json`: the profiler's Chrome trace plus our `ProfilerStep#N` and phase slices
+  on the training thread and `distributedInfo.rank`, so Perfetto and HolisticTraceAnalysis load it;
+- `timeline.html`: self-contained plots (timeline.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ProfileFormatError
+from . import analyze as A
+
+SCHEMA = "libreyolo-profile"
+SUMMARY_SCHEMA = "libreyolo-profile-summary"
+SCHEMA_VERSION = 1
+FILES = ("profile.json", "profile_summary.json", "profile_trace.json", "timeline.html")
+# The top-level keys every reader relies on, and their JSON types.
+REQUIRED: dict[str, type] = {"run": dict, "window": dict, "headline": dict, "verdict": dict,
+                             "utilisation": dict, "phases": list, "kernels": dict, "steps": list,
+                             "memory": dict, "overhead": dict}
+SUMMARY_KEYS = ("verdict", "step_ms_mean", "step_ms_std", "utilisation", "kernel_busy_ms", "data_wait_ms",
+                "data_wait_frac", "syncs_per_step", "peak_memory_mb", "precision", "cuda_graph", "device",
+                "overhead_frac")
+
+
+# --- writing ------------------------------------------------------------------------------------
+def write_text_atomic(path: Path, text: str) -> Path:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_json_atomic(path: Path, obj: Any, indent: int | None = 1, clean: bool = True) -> Path:
+    """`clean`: replace NaN/inf by null first (skip it for large objects known to be finite)."""
+    return write_text_atomic(path, json.dumps(_finite(obj) if clean else obj, indent=indent, allow_nan=False) + "\n")
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/inf become null: JSON has no spelling for them and strict readers reject the extension."""
+    if isinstance(obj, float):
+        return A.finite(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def summary(profile: dict) -> dict:
+    """profile_summary.json: headline figures under stable keys, plus what was measured."""
+    head, run = profile["headline"], profile["run"]
+    out = {"schema": SUMMARY_SCHEMA, "schema_version": SCHEMA_VERSION}
+    out.update({k: head.get(k) for k in SUMMARY_KEYS})
+    out.update(reason=profile["verdict"]["reason"], lever=profile["verdict"]["lever"], arch=run.get("arch"),
+               batch=run.get("batch"), imgsz=run.get("imgsz"), workers=run.get("workers"),
+               steps=profile["window"].get("steps"))
+    return out
+
+
+def write_all(run_dir: Path, profile: dict, trace: dict, html: str) -> list[Path]:
+    run_dir = Path(run_dir)
+    return [write_json_atomic(run_dir / "profile_trace.json", trace, indent=None, clean=False),
+            write_text_atomic(run_dir / "timeline.html", html),
+            write_json_atomic(run_dir / "profile_summary.json", summary(profile)),
+            write_json_atomic(run_dir / "profile.json", profile)]  # last: its presence means "complete"
+
+
+def annotate_trace(trace: dict, steps: list[dict], pid: int, tid: int) -> dict:
+    """Add `ProfilerStep#<iteration>` and phase slices on the training thread, in place.
+
+    Span edges are snapped out of the profiler's own slices on that thread so every slice stays
+    strictly nested (our edges come from host clocks mapped onto the trace clock).
+    """
+    points = []
+    for s in steps:
+        points += [s["ts"], s["end"], *(x for p in s["phases"] for x in (p["ts"], p["end"]))]
+    it = iter(A.snap(points, A.thread_slices(trace, tid)))
+    events = trace.setdefault("traceEvents", [])
+    half = None
+    for s in steps:
+        ts, end = next(it), next(it)
+        if s["half"] != half:
+            half = s["half"]
+            label = "unsynchronised: verdict, utilisation" if half == 1 else "synchronised per phase: composition"
+            events.append({"ph": "i", "s": "p", "name": f"libreyolo half {half} ({label})", "pid": pid, "tid": tid,
+                           "ts": ts})
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s['iteration']}", "pid": pid,
+                       "tid": tid, "ts": ts, "dur": end - ts,
+                       "args": {"half": s["half"], "epoch": s["epoch"], "wall_ms": round(s["wall_ms"], 4)}})
+        for p in s["phases"]:
+            a, b = next(it), next(it)
+            if b > a:
+                events.append({"ph": "X", "cat": "user_annotation", "name": p["name"], "pid": pid, "tid": tid,
+                               "ts": a, "dur": b - a, "args": {"phase": p["name"], "half": s["half"]}})
+    trace.setdefault("distributedInfo", {"rank": 0, "world_size": 1})  # HTA reads the rank from here
+    return trace
+
+
+# --- reading ------------------------------------------------------------------------------------
+def load_profile(path: str | Path) -> dict:
+    """Read and check a profile.json (or the directory holding one); ProfileFormatError if unusable."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "profile.json"
+    if not p.is_file():
+        raise ProfileFormatError(f"no profile at '{path}' (give profile.json or the run directory holding it)")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ProfileFormatError(f"'{p}' is not valid JSON (truncated or corrupt?): {exc.msg} at line "
+                                 f"{exc.lineno}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileFormatError(f"cannot read '{p}': {exc}") from None
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema == SUMMARY_SCHEMA:
+        raise ProfileFormatError(f"'{p}' is a profile summary; give profile.json (or its directory)")
+    if schema != SCHEMA:
+        raise ProfileFormatError(f"'{p}' is not a LibreYOLO profile (no \"schema\": \"{SCHEMA}\")")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ProfileFormatError(f"'{p}' has an invalid schema_version: {version!r}")
+    if version > SCHEMA_VERSION:
+        raise ProfileFormatError(f"'{p}' uses profile schema version {version}; this libreyolo reads up to "
+                                 f"version {SCHEMA_VERSION} (upgrade libreyolo)")
+    bad = [k for k, tp in REQUIRED.items() if not isinstance(data.get(k), tp)]
+    if bad:
+        raise ProfileFormatError(f"'{p}' is incomplete or edited: missing or malformed {', '.join(bad)}")
+    if not isinstance(data["kernels"].get("rows"), list) or not all(isinstance(r, dict) for r in data["phases"]):
+        raise ProfileFormatError(f"'{p}' is incomplete or edited: malformed phases or kernels")
+    return data
+
+
+def phase_rows(profile: dict) -> list[dict]:
+    return list(profile["phases"])
+
+
+def kernel_rows(profile: dict, top: int | None = 10) -> list[dict]:
+    rows = list(profile["kernels"]["rows"])
+    return rows if top is None else rows[:top]

@@ -1,0 +1,124 @@
+"""`libreyolo profile run`: train just long enough to fill the profile window, once or N times.
+
+One run trains in this process. `--repeat N` runs every trial in a fresh process, into
+`<run>/prof_1 ... prof_N`: one profiler session per process (a second session in the same process
+can corrupt its first kernel timestamps, GPU_NOTES.md) and a fresh allocator, autotuner and page
+cache state per trial, so the trials are independent samples. `<run>/profile_repeat.json` then
+holds the mean and std of every headline figure and each trial's verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ..errors import LibreYOLOError
+from .analyze import stats
+from .artifacts import SCHEMA_VERSION, write_json_atomic
+
+log = logging.getLogger("libreyolo")
+
+REPEAT_SCHEMA = "libreyolo-profile-repeat"
+FIGURES = ("step_ms_mean", "step_ms_std", "utilisation", "kernel_busy_ms", "data_wait_ms", "data_wait_frac",
+           "syncs_per_step", "peak_memory_mb", "overhead_frac")
+DEFAULTS = {"project": "runs/profile", "name": "prof", "no_aug_epochs": 0, "val": False}
+
+
+def plan(lib, data: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The train() arguments of one profile run: our defaults, profile=True and enough epochs.
+
+    Enough epochs = ceil((profile_skip + profile_steps) / steps_per_epoch), plus one spare in case
+    broken images shrink the epoch; the hook stops training once its window is done, so the spare
+    epoch only runs when it is needed.
+    """
+    from ..config import build_config
+    from ..data import load_data_config
+
+    user = {**DEFAULTS, **overrides, "profile": True}
+    # Without `profile`: only the batch and window sizes are needed here.
+    cfg = build_config({**{k: v for k, v in user.items() if k != "profile"}, "model": lib.name, "data": data},
+                       lib.source.spec.defaults)
+    files = len(load_data_config(data).train)
+    per_epoch = max(math.ceil(files / cfg.batch), 1)
+    user["epochs"] = math.ceil((cfg.profile_skip + cfg.profile_steps) / per_epoch) + 1
+    return user
+
+
+def run_once(model: str, data: str, overrides: dict[str, Any]) -> Path:
+    """Train with the profiler in this process; returns the run directory (holding profile.json)."""
+    from ..model import LibreYOLO
+    from .window import run_options
+
+    lib = LibreYOLO(model)
+    user = plan(lib, data, overrides)
+    with run_options(stop_after_window=True, print_report=False):
+        result = lib.train(data=data, **user)
+    if not (result.run_dir / "profile.json").is_file():
+        raise LibreYOLOError(f"the profile window did not complete in {result.run_dir} (see the log above)")
+    return result.run_dir
+
+
+def run_trials(model: str, data: str, overrides: dict[str, Any], n: int) -> tuple[Path, dict]:
+    """N trials, each in its own process, under one new run directory; returns (it, the aggregate)."""
+    from ..engine.trainer import make_run_dir
+    from ..model import LibreYOLO
+
+    plan(LibreYOLO(model), data, overrides)  # a bad key or dataset fails here, once, not N times
+    base = overrides.get("name", DEFAULTS["name"])
+    parent = make_run_dir(overrides.get("project", DEFAULTS["project"]), base, overrides.get("exist_ok", False))
+    dirs = []
+    for i in range(1, n + 1):
+        trial = {**overrides, "project": str(parent), "name": f"{base}_{i}", "exist_ok": True}
+        log.info(f"profile: trial {i}/{n} in {parent / trial['name']}")
+        spec = json.dumps({"model": model, "data": data, "overrides": trial})
+        # stderr passes through (the trial's log); stdout carries the trial's run directory.
+        proc = subprocess.run([sys.executable, "-m", "libreyolo.profiler.repeat", spec], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ})
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            raise LibreYOLOError(f"profile trial {i}/{n} failed (exit code {proc.returncode}); see the messages above")
+        dirs.append(Path(lines[-1]))
+    summaries = [json.loads((d / "profile_summary.json").read_text()) for d in dirs]
+    rep = aggregate(summaries, dirs)
+    write_json_atomic(parent / "profile_repeat.json", rep)
+    return parent, rep
+
+
+def aggregate(summaries: list[dict], dirs: list[Path]) -> dict:
+    """profile_repeat.json: mean and std of each headline figure over the trials, and the verdicts."""
+    figures = {}
+    for key in FIGURES:
+        values = [s.get(key) for s in summaries]
+        st = stats(v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
+        figures[key] = {"mean": st["mean"], "std": st["std"], "values": values}
+    verdicts = [s["verdict"] for s in summaries]
+    top, count = Counter(verdicts).most_common(1)[0]
+    first = summaries[0]
+    return {"schema": REPEAT_SCHEMA, "schema_version": SCHEMA_VERSION, "trials": len(summaries),
+            "dirs": [str(d) for d in dirs], "arch": first.get("arch"), "batch": first.get("batch"),
+            "imgsz": first.get("imgsz"), "device": first.get("device"), "figures": figures,
+            "verdicts": verdicts, "verdict": top, "verdict_count": count}
+
+
+def _trial(spec_json: str) -> None:
+    """One trial, in a fresh process started by run_trials."""
+    from ..cli.app import setup_logging
+
+    setup_logging()
+    spec = json.loads(spec_json)
+    print(run_once(spec["model"], spec["data"], spec["overrides"]), flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        _trial(sys.argv[1])
+    except LibreYOLOError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

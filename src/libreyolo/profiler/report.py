@@ -1,0 +1,121 @@
+"""The printed report: rich tables on a terminal, plain aligned text otherwise (logs, CI, pipes).
+
+Reads only profile dicts (as written to profile.json), so `libreyolo profile summary` can print
+it from a copied file without importing torch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+SECTIONS = ("headline", "verdict", "phases", "kernels")
+
+
+def _num(x, fmt: str = ".1f", none: str = "-") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def headline_lines(profile: dict) -> list[str]:
+    run, h, u = profile["run"], profile["headline"], profile["utilisation"]
+    graph = run.get("cuda_graph") or {}
+    graph_text = f"on ({graph.get('replayed_steps', 0)} replayed steps)" if graph.get("enabled") else "off"
+    w = profile["window"]
+    return [
+        f"{run.get('arch')}  batch {run.get('batch')}  imgsz {run.get('imgsz')}  workers {run.get('workers')}  "
+        f"on {run.get('device_name')}  precision {run.get('precision')}  CUDA graphs {graph_text}",
+        f"window: {w.get('first_half')} unsynchronised + {w.get('second_half')} synchronised steps after "
+        f"{w.get('skip')} skipped",
+        f"step {_num(h.get('step_ms_mean'))} ± {_num(h.get('step_ms_std'))} ms   utilisation "
+        f"{_num(h.get('utilisation'), '.2f')} ({u.get('basis', '')})",
+        f"{'kernel busy' if profile['kernels'].get('kind') == 'kernel' else 'compute'} "
+        f"{_num(h.get('kernel_busy_ms'))} ms   data wait {_num(h.get('data_wait_ms'))} ms   "
+        f"syncs/step {_num(h.get('syncs_per_step'), '.2f')}   peak memory {_num(h.get('peak_memory_mb'), '.0f')} MB",
+    ]
+
+
+def verdict_lines(profile: dict) -> list[str]:
+    v = profile["verdict"]
+    return [f"verdict: {v['name']}: {v['reason']}", f"lever: {v['lever']}"]
+
+
+def phase_table(profile: dict) -> tuple[list[str], list[list[str]]]:
+    head = ["phase", "host ms (unsynced)", "synced ms", "gpu ms", "kernel busy ms", "share"]
+    rows = [[r["phase"], _num(r.get("host_ms"), ".2f"), _num(r.get("synced_ms"), ".2f"), _num(r.get("gpu_ms"), ".2f"),
+             _num(r.get("busy_ms"), ".2f"), _num(None if r.get("share") is None else 100 * r["share"], ".0f") + "%"]
+            for r in profile["phases"]]
+    return head, rows
+
+
+def kernel_table(profile: dict, top: int = 10) -> tuple[list[str], list[list[str]]]:
+    kind = "kernel" if profile["kernels"].get("kind") == "kernel" else "CPU op (top level)"
+    head = [kind, "count", "total ms", "mean us", "share"]
+    rows = [[_short(r["name"]), str(r["count"]), _num(r["total_ms"], ".2f"), _num(r["mean_us"], ".1f"),
+             f"{100 * r['share']:.1f}%"] for r in profile["kernels"]["rows"][:top]]
+    return head, rows
+
+
+def _short(name: str, width: int = 70) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def plain_table(head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
+    return "\n".join(lines)
+
+
+def print_report(profile: dict, file=None, sections=SECTIONS, top: int = 10) -> None:
+    """The report; `file` defaults to stderr (stdout may carry a machine-readable result)."""
+    console = Console(file=file or sys.stderr, highlight=False, soft_wrap=True)
+    rich = console.is_terminal
+
+    def out(text: str) -> None:  # data (kernel names) may contain [brackets]: never markup
+        console.print(text, markup=False)
+
+    if "headline" in sections:
+        out("profile")
+        for line in headline_lines(profile):
+            out(line)
+    if "verdict" in sections:
+        for i, line in enumerate(verdict_lines(profile)):
+            if rich and i == 0:
+                console.print(line, style="bold magenta", markup=False)
+            else:
+                out(line)
+    kinds = "kernels" if profile["kernels"].get("kind") == "kernel" else "CPU ops"
+    for section, build, title in (("phases", phase_table, "phases (mean ms per step)"),
+                                  ("kernels", lambda p: kernel_table(p, top), f"top {top} {kinds}")):
+        if section not in sections:
+            continue
+        head, rows = build(profile)
+        if rich:
+            table = Table(title=title, title_justify="left")
+            for i, h in enumerate(head):
+                table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+            for r in rows:
+                table.add_row(*(Text(c) for c in r))  # names are data, not markup
+            console.print(table)
+        else:
+            out(f"\n{title}")
+            out(plain_table(head, rows) if rows else "(none recorded)")
+    if "headline" in sections:
+        o = profile["overhead"]
+        frac = o.get("fraction")
+        out(f"profiler overhead on measured steps: {'n/a' if frac is None else f'{100 * frac:+.1f}%'}"
+            f"{'' if frac is not None else ' (' + o.get('note', '') + ')'}; artifacts in {profile['run'].get('run_dir')}")
+
+
+def print_repeat(rep: dict, file=None) -> None:
+    """Mean ± std of every headline figure over the trials, and each trial's verdict."""
+    console = Console(file=file or sys.stderr, highlight=False, soft_wrap=True)
+    out = (lambda s: console.print(s, markup=False))
+    out(f"profile over {rep['trials']} trials ({rep.get('arch')}, batch {rep.get('batch')}, imgsz {rep.get('imgsz')})")
+    rows = [[k, _num(v["mean"], ".4g"), _num(v["std"], ".3g"), ", ".join(_num(x, ".4g") for x in v["values"])]
+            for k, v in rep["figures"].items()]
+    out(plain_table(["figure", "mean", "± std", "trials"], rows))
+    out("verdicts: " + ", ".join(f"{i + 1}: {v}" for i, v in enumerate(rep["verdicts"])))
+    out(f"verdict: {rep['verdict']} ({rep['verdict_count']} of {rep['trials']} trials)")

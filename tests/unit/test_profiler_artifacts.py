@@ -1,0 +1,192 @@
+"""profile.json schema checks, atomic writes, trace annotation, the report and the timeline page."""
+
+import copy
+import io
+import json
+
+import pytest
+
+from libreyolo.errors import ProfileFormatError
+from libreyolo.profiler import artifacts
+from libreyolo.profiler.repeat import aggregate
+from libreyolo.profiler.report import print_repeat, print_report
+from libreyolo.profiler.timeline import gantt_events, render
+
+KERNEL = "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>, at::detail::Array<char*, 3> >(int, T&) [clone]</script>"
+
+
+def make_profile():
+    phases = [{"phase": name, "host_ms": 1.0, "synced_ms": 2.0, "cpu_ms": 1.0, "gpu_ms": 1.5, "busy_ms": 1.2,
+               "steps": 2, "share": 1 / 8} for name in ("data", "h2d", "forward", "loss", "backward", "optimizer",
+                                                        "ema", "other")]
+    head = {"verdict": "launch-bound", "step_ms_mean": 16.0, "step_ms_std": 0.5, "utilisation": 0.25,
+            "kernel_busy_ms": 4.0, "data_wait_ms": 0.2, "data_wait_frac": 0.0125, "syncs_per_step": 0.1,
+            "peak_memory_mb": 900.0, "precision": "float16 autocast, scaler on", "cuda_graph": False,
+            "device": "NVIDIA H200", "overhead_frac": 0.05}
+    return {
+        "schema": artifacts.SCHEMA, "schema_version": artifacts.SCHEMA_VERSION, "created": "2026-01-01T00:00:00",
+        "run": {"arch": "yolo9-t", "batch": 8, "imgsz": 640, "workers": 8, "device_name": "NVIDIA H200",
+                "precision": head["precision"], "cuda_graph": {"enabled": False, "replayed_steps": 0, "pool_mb": None},
+                "run_dir": "runs/profile/prof"},
+        "window": {"skip": 5, "steps": 4, "first_half": 2, "second_half": 2, "first_iteration": 5, "last_iteration": 8},
+        "headline": head,
+        "verdict": {"name": "launch-bound", "reason": "GPU busy 25%: idle between 900 kernels per step",
+                    "lever": "cuda_graph=True (launch the network as one graph), or a larger batch"},
+        "utilisation": {"basis": "kernel busy / unsynchronised step time", "utilisation": 0.25},
+        "phases": phases,
+        "kernels": {"kind": "kernel", "rows": [
+            {"name": KERNEL, "count": 40, "total_ms": 3.0, "mean_us": 75.0, "share": 0.75},
+            {"name": "sm90_xmma_gemm [x]", "count": 10, "total_ms": 1.0, "mean_us": 100.0, "share": 0.25}]},
+        "steps": [
+            {"half": 1, "iteration": 5, "epoch": 0, "wall_ms": 16.0, "data_ms": 0.2, "busy_ms": 4.0, "kernels": 900,
+             "syncs": 0, "host_ms": {"data": 0.2, "forward": 6.0, "backward": 8.0}},
+            {"half": 1, "iteration": 6, "epoch": 0, "wall_ms": 16.5, "data_ms": 0.2, "busy_ms": 4.1, "kernels": 900,
+             "syncs": 1, "host_ms": {"data": 0.2, "forward": 6.1, "backward": 8.1}},
+            {"half": 2, "iteration": 7, "epoch": 0, "wall_ms": 20.0, "data_ms": 0.3,
+             "phases": {"forward": {"wall_ms": 7.0, "cpu_ms": 6.0, "gpu_ms": 2.0, "busy_ms": 1.8}}},
+            {"half": 2, "iteration": 8, "epoch": 0, "wall_ms": 21.0, "data_ms": 0.3,
+             "phases": {"forward": {"wall_ms": 7.5, "cpu_ms": 6.0, "gpu_ms": 2.0, "busy_ms": 1.8}}}],
+        "memory": {"peak_allocated_mb": 900.0, "peak_reserved_mb": 1024.0, "host_peak_rss_mb": 3000.0},
+        "overhead": {"reference_ms": [15.0, 15.5], "profiled_ms": [16.0], "fraction": 0.05},
+    }
+
+
+def test_write_all_and_load_back(tmp_path):
+    profile = make_profile()
+    profile["headline"]["overhead_frac"] = float("nan")  # JSON has no NaN: written as null
+    written = artifacts.write_all(tmp_path, profile, {"traceEvents": []}, "<html></html>")
+    assert sorted(p.name for p in written) == sorted(artifacts.FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(artifacts.FILES)  # no temp files left
+    loaded = artifacts.load_profile(tmp_path)
+    assert loaded == artifacts.load_profile(tmp_path / "profile.json")
+    assert loaded["headline"]["overhead_frac"] is None
+    summary = json.loads((tmp_path / "profile_summary.json").read_text())
+    assert summary["schema"] == artifacts.SUMMARY_SCHEMA
+    assert set(artifacts.SUMMARY_KEYS) <= set(summary) and summary["verdict"] == "launch-bound"
+    assert summary["lever"].startswith("cuda_graph=True")
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path):
+    path = artifacts.write_json_atomic(tmp_path / "profile.json", {"ok": 1})
+    with pytest.raises(TypeError):
+        artifacts.write_json_atomic(path, {"bad": object()})
+    assert json.loads(path.read_text()) == {"ok": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]
+
+
+def _bad_files():
+    good = json.dumps(make_profile(), indent=1)
+    newer = {**make_profile(), "schema_version": artifacts.SCHEMA_VERSION + 1}
+    no_verdict = {k: v for k, v in make_profile().items() if k != "verdict"}
+    bad_phases = {**make_profile(), "phases": "forward"}
+    return {
+        "malformed": ("{not json", "is not valid JSON"),
+        "truncated": (good[: len(good) // 2], "is not valid JSON (truncated or corrupt?)"),
+        "foreign": (json.dumps({"traceEvents": []}), "is not a LibreYOLO profile"),
+        "a list": ("[1, 2]", "is not a LibreYOLO profile"),
+        "a summary": (json.dumps({"schema": artifacts.SUMMARY_SCHEMA}), "is a profile summary"),
+        "newer": (json.dumps(newer), f"uses profile schema version {artifacts.SCHEMA_VERSION + 1}; this libreyolo"),
+        "string version": (json.dumps({**make_profile(), "schema_version": "1"}), "invalid schema_version"),
+        "no verdict": (json.dumps(no_verdict), "missing or malformed verdict"),
+        "bad phases": (json.dumps(bad_phases), "missing or malformed phases"),
+        "binary": (b"\xff\xfe\x00garbage", "cannot read"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_files()))
+def test_unusable_profiles_are_one_line_errors(tmp_path, case):
+    text, expected = _bad_files()[case]
+    path = tmp_path / "profile.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ProfileFormatError) as err:
+        artifacts.load_profile(path)
+    message = str(err.value)
+    assert expected in message and str(path) in message and "\n" not in message
+
+
+def test_missing_profile(tmp_path):
+    with pytest.raises(ProfileFormatError, match="no profile at"):
+        artifacts.load_profile(tmp_path)
+    with pytest.raises(ProfileFormatError, match="no profile at"):
+        artifacts.load_profile(tmp_path / "nope.json")
+
+
+def test_annotate_trace_nests_steps_and_phases_with_profiler_slices():
+    tid = 11
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid, "ts": 98.0, "dur": 4.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid, "ts": 149.0, "dur": 2.0},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 99.0, "dur": 100.0}],
+        "distributedInfo": {"rank": 3}}
+    steps = [{"iteration": 5, "epoch": 0, "half": 1, "wall_ms": 0.1, "ts": 50.0, "end": 100.0,  # ends inside a launch
+              "phases": [{"name": "data", "ts": 50.0, "end": 60.0}, {"name": "forward", "ts": 60.0, "end": 100.0}]},
+             {"iteration": 6, "epoch": 0, "half": 2, "wall_ms": 0.1, "ts": 100.0, "end": 150.5,
+              "phases": [{"name": "data", "ts": 100.0, "end": 100.0}, {"name": "forward", "ts": 100.0, "end": 150.5}]}]
+    artifacts.annotate_trace(trace, steps, pid=1, tid=tid)
+    mine = [e for e in trace["traceEvents"] if e.get("cat") == "user_annotation"]
+    # 100 sits mid-launch [98, 102]: a tie goes to the start; 150.5 in [149, 151] goes to the end
+    assert [(e["name"], e["ts"], e["ts"] + e["dur"]) for e in mine] == [
+        ("ProfilerStep#5", 50.0, 98.0), ("data", 50.0, 60.0), ("forward", 60.0, 98.0),
+        ("ProfilerStep#6", 98.0, 151.0), ("forward", 98.0, 151.0)]  # the empty `data` is left out
+    assert [e["name"] for e in trace["traceEvents"] if e["ph"] == "i"] == [
+        "libreyolo half 1 (unsynchronised: verdict, utilisation)", "libreyolo half 2 (synchronised per phase: composition)"]
+    assert trace["distributedInfo"] == {"rank": 3}  # an existing rank is kept
+
+
+def test_timeline_is_self_contained_and_escapes_names():
+    profile = make_profile()
+    gantt = [{"row": "stream 7", "name": KERNEL, "start_ms": 0.0, "dur_ms": 0.5},
+             {"row": "phases", "name": "forward", "start_ms": 0.0, "dur_ms": 6.0}]
+    page = render(profile, gantt)
+    assert page.startswith("<!DOCTYPE html>") and "launch-bound" in page
+    assert "<script src=" not in page and "plotly" in page.lower()  # plotly.js inlined, nothing fetched
+    assert "AddFunctor<float>" not in page and "AddFunctor&lt;float&gt;" in page
+    assert "[clone]</script>" not in page and page.count("</script>") == page.count("<script")
+    assert "cuda_graph=True" in page
+
+
+def test_gantt_shows_the_first_two_steps_kernels_by_stream_and_phases():
+    def kernel(i, launch, start, stream):
+        return [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 1, "ts": launch, "dur": 2,
+                 "args": {"correlation": i}},
+                {"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": stream, "ts": start, "dur": 5,
+                 "args": {"device": 0, "stream": stream, "correlation": i}}]
+
+    trace = {"traceEvents": kernel(1, 10, 20, 7) + kernel(2, 110, 150, 8) + kernel(3, 210, 230, 7)}
+    steps = [{"half": 1, "ts": 100.0 * i, "cpu_end": 100.0 * (i + 1), "end": 100.0 * (i + 1),
+              "phases": [{"name": "forward", "ts": 100.0 * i, "end": 100.0 * i + 50}]} for i in range(3)]
+    rows = gantt_events(trace, steps, cuda=True, tid=1)
+    assert [(r["row"], r["name"], r["start_ms"]) for r in rows] == [
+        ("stream 7", "k1", 0.02), ("stream 8", "k2", 0.15), ("phases", "forward", 0.0), ("phases", "forward", 0.1)]
+
+
+def test_plain_report_when_not_a_terminal():
+    out = io.StringIO()
+    print_report(make_profile(), file=out)
+    text = out.getvalue()
+    assert "\x1b[" not in text  # no colour codes in a pipe or log file
+    assert "verdict: launch-bound: GPU busy 25%" in text and "lever: cuda_graph=True" in text
+    assert "step 16.0 ± 0.5 ms" in text and "syncs/step 0.10" in text and "kernel busy 4.0 ms" in text
+    assert "host ms (unsynced)" in text and "sm90_xmma_gemm [x]" in text  # brackets are data, not markup
+    out = io.StringIO()
+    print_report(make_profile(), file=out, sections=("kernels",), top=1)
+    assert "sm90_xmma_gemm" not in out.getvalue() and "vectorized_elementwise_kernel<4" in out.getvalue()
+
+
+def test_repeat_aggregate_and_report():
+    a = artifacts.summary(make_profile())
+    b = copy.deepcopy(a)
+    b.update(step_ms_mean=18.0, verdict="host-bound", overhead_frac=None)
+    c = {**a, "step_ms_mean": 17.0}
+    rep = aggregate([a, b, c], ["p1", "p2", "p3"])
+    assert rep["trials"] == 3 and rep["verdicts"] == ["launch-bound", "host-bound", "launch-bound"]
+    assert (rep["verdict"], rep["verdict_count"]) == ("launch-bound", 2)
+    assert rep["figures"]["step_ms_mean"]["mean"] == pytest.approx(17.0)
+    assert rep["figures"]["step_ms_mean"]["std"] == pytest.approx(1.0)
+    assert rep["figures"]["overhead_frac"]["values"] == [0.05, None, 0.05]
+    assert rep["figures"]["overhead_frac"]["mean"] == pytest.approx(0.05)
+    out = io.StringIO()
+    print_repeat(rep, file=out)
+    lines = out.getvalue().splitlines()
+    assert ["step_ms_mean", "17", "1", "16,", "18,", "17"] in [line.split() for line in lines]
+    assert "verdict: launch-bound (2 of 3 trials)" in lines

@@ -1,0 +1,225 @@
+"""The profiler hook on real tiny CPU training runs, and its analysis on synthetic GPU windows."""
+
+import json
+import logging
+import time
+import types
+
+import pytest
+
+from libreyolo import LibreYOLO
+from libreyolo.profiler import analyze as A
+from libreyolo.profiler import markers
+from libreyolo.profiler.analyze import analyse_first_half
+from libreyolo.profiler.artifacts import FILES, load_profile
+from libreyolo.profiler.window import ProfilerHook, profiler_hooks
+
+FAST = dict(imgsz=64, batch=4, device="cpu", workers=0, amp=False, val=False, no_aug_epochs=0)
+
+
+def _subset(root, n):
+    """The shapes dataset cut to `n` train images, as a dataset yaml under `root`."""
+    from libreyolo.data import load_data_config
+
+    shapes = load_data_config("shapes")
+    (root / "train.txt").write_text("\n".join(str(p) for p in shapes.train[:n]))
+    (root / "val.txt").write_text("\n".join(str(p) for p in shapes.val[:4]))
+    (root / "data.yaml").write_text(json.dumps({"path": str(root), "train": "train.txt", "val": "val.txt",
+                                                "names": shapes.names}))
+    return str(root / "data.yaml")
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    """8 train images: 2 steps per epoch at batch 4."""
+    return _subset(tmp_path_factory.mktemp("tiny"), 8)
+
+
+@pytest.fixture(scope="module")
+def profiled(tiny_data, tmp_path_factory):
+    """One profiled run: 4 epochs of 2 steps; the window (3 skipped, 2 + 2 measured) crosses two."""
+    project = tmp_path_factory.mktemp("profiled")
+    return LibreYOLO("yolo9-t").train(data=tiny_data, project=str(project), epochs=4, profile=True,
+                                      profile_skip=3, profile_steps=4, **{**FAST, "imgsz": 128})
+
+
+def _nested(trace, tid):
+    """True when every X slice on thread `tid` is strictly nested in the one enclosing it."""
+    stack = []
+    for ev in sorted((e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("tid") == tid),
+                     key=lambda e: (e["ts"], -e["dur"])):
+        start, end = ev["ts"], ev["ts"] + ev["dur"]
+        while stack and stack[-1] <= start:
+            stack.pop()
+        if stack and end > stack[-1] + 1e-3:
+            return False
+        stack.append(end)
+    return True
+
+
+def test_profile_window_writes_artifacts_and_training_continues(profiled):
+    run = profiled.run_dir
+    assert all((run / f).is_file() for f in FILES)
+    assert not list(run.glob(".*tmp")) and not list(run.glob(".profile_trace*"))
+    assert profiled.epochs_run == 4  # the hook removed itself and training went on
+    assert markers._recorder is None
+    p = load_profile(run)
+    assert p["window"] == {"skip": 3, "steps": 4, "first_half": 2, "second_half": 2, "first_iteration": 3,
+                           "last_iteration": 6}
+    assert [(s["half"], s["iteration"], s["epoch"]) for s in p["steps"]] == [(1, 3, 1), (1, 4, 2), (2, 5, 2), (2, 6, 3)]
+    h = p["headline"]
+    assert h["verdict"] == p["verdict"]["name"] == "compute-bound"  # a plain CPU run computes
+    assert 0 < h["data_wait_ms"] < h["step_ms_mean"] and 0.8 <= h["utilisation"] <= 1.0
+    assert h["utilisation"] == pytest.approx(1 - h["data_wait_ms"] / h["step_ms_mean"])
+    assert h["syncs_per_step"] == 0 and h["peak_memory_mb"] > 0 and h["precision"] == "float32"
+    assert h["cuda_graph"] is False and p["run"]["cuda_graph"] == {"enabled": False, "replayed_steps": 0, "pool_mb": None}
+    assert isinstance(p["overhead"]["fraction"], float) and len(p["overhead"]["reference_ms"]) == 1
+    phases = {r["phase"]: r for r in p["phases"]}
+    assert set(phases) == {*markers.PHASES, "other"}
+    assert phases["forward"]["synced_ms"] > 0 and phases["backward"]["host_ms"] > 0
+    assert sum(r["share"] for r in p["phases"]) == pytest.approx(1.0)
+    assert p["kernels"]["kind"] == "cpu_op" and p["kernels"]["rows"][0]["total_ms"] > 0
+    summary = json.loads((run / "profile_summary.json").read_text())
+    assert {k: summary[k] for k in ("verdict", "utilisation", "step_ms_mean")} == \
+           {k: h[k] for k in ("verdict", "utilisation", "step_ms_mean")}
+    trace = json.loads((run / "profile_trace.json").read_text())
+    steps = [e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+    assert [e["name"] for e in steps] == [f"ProfilerStep#{i}" for i in range(3, 7)]
+    assert trace["distributedInfo"]["rank"] == 0
+    assert _nested(trace, steps[0]["tid"])  # our slices nest with the profiler's CPU ops
+    html = (run / "timeline.html").read_text()
+    assert "compute-bound" in html and "<script src=" not in html
+
+
+def test_profiling_does_not_change_training(profiled, tiny_data, tmp_path):
+    import torch
+
+    plain = LibreYOLO("yolo9-t").train(data=tiny_data, project=str(tmp_path), epochs=4, **{**FAST, "imgsz": 128})
+    assert not (plain.run_dir / "profile.json").exists()
+    a = torch.load(plain.run_dir / "weights" / "last.pt", weights_only=True)["model"]
+    b = torch.load(profiled.run_dir / "weights" / "last.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_planted_faults_show_up(tmp_path, monkeypatch):
+    """A slow dataset makes the run dataloader-bound; an `.item()` in the loss is one sync per step."""
+    from libreyolo.data.dataset import TrainDataset
+    from libreyolo.families.yolo9.loss import YOLO9Loss
+
+    get_item, loss_call = TrainDataset.__getitem__, YOLO9Loss.__call__
+
+    def slow(self, key):
+        # A slow disk or decoder: 0.5 s per batch against ~0.03 s of compute, so even a machine
+        # many times slower (a loaded CI runner) computes for well under 80 % of the step.
+        time.sleep(0.25)
+        return get_item(self, key)
+
+    def with_sync(self, preds, targets):
+        loss, items = loss_call(self, preds, targets)
+        loss.detach().item()  # a host sync in the step, as a careless logging line would add
+        return loss, items
+
+    data = _subset(tmp_path, 4)
+    monkeypatch.setattr(TrainDataset, "__getitem__", slow)
+    monkeypatch.setattr(YOLO9Loss, "__call__", with_sync)
+    run = LibreYOLO("yolo9-t").train(data=data, project=str(tmp_path), epochs=2, profile=True,
+                                     profile_skip=1, profile_steps=2, **{**FAST, "batch": 2}).run_dir
+    p = load_profile(run)
+    assert p["verdict"]["name"] == "dataloader-bound"
+    assert "workers=0" in p["verdict"]["lever"] and p["headline"]["data_wait_frac"] > 0.5
+    assert p["headline"]["syncs_per_step"] == 1.0
+    assert p["overhead"]["fraction"] is None and "profile_skip >= 3" in p["overhead"]["note"]
+
+
+class _FakeTrainer(types.SimpleNamespace):
+    def remove_hook(self, hook):
+        self.hooks.remove(hook)
+
+
+def _fake_trainer(hook):
+    import torch
+
+    return _FakeTrainer(hooks=[hook], device=torch.device("cpu"), iteration=0, epoch=0, batch_index=0,
+                        steps_per_epoch=100, stop=False)
+
+
+def test_no_hook_without_profile_and_none_under_distributed(monkeypatch, caplog):
+    assert profiler_hooks(types.SimpleNamespace(profile=False, profile_skip=5, profile_steps=20)) == []
+    [hook] = profiler_hooks(types.SimpleNamespace(profile=True, profile_skip=5, profile_steps=20))
+    assert (hook.skip, hook.steps, hook.first) == (5, 20, 10)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    trainer = _fake_trainer(hook)
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        hook.before_train(trainer)
+    assert trainer.hooks == [] and hook.state == "skip"
+    assert [r.message for r in caplog.records if "distributed" in r.message] == [
+        "profile=True ignored under distributed training (2 processes): profile a single-process run"]
+
+
+def test_training_that_ends_inside_the_window_warns_and_stops_the_profiler(caplog):
+    hook = ProfilerHook(skip=1, steps=6)
+    trainer = _fake_trainer(hook)
+    hook.before_train(trainer)
+    for i in range(3):
+        assert (markers._recorder is None) == (i == 0)  # live once the skipped step is done
+        trainer.iteration = trainer.batch_index = i
+        with markers.phase("data"):
+            pass
+        hook.before_step(trainer)
+        hook.after_step(trainer)
+    with caplog.at_level(logging.WARNING, logger="libreyolo"):
+        hook.after_train(trainer)
+    assert markers._recorder is None
+    assert [r.message for r in caplog.records] == [
+        "profile: training ended 2 steps into the 6-step window (after 1 of 1 skipped steps); no profile written: "
+        "train longer or lower profile_skip/profile_steps"]
+
+
+# --- the GPU path of the analysis, on synthetic windows -----------------------------------------
+def _window(kernels_per_step, wall_us=10_000.0, data_us=50.0, steps=4, syncs_per_step=0):
+    """Synthetic first-half steps and busy events; kernels_per_step(t0) -> [(launch, start, dur)]."""
+    out, events, syncs = [], [], []
+    for i in range(steps):
+        t0 = i * wall_us
+        phases = [{"name": "data", "ts": t0, "host_end": t0 + data_us, "end": t0 + data_us, "cpu_ms": data_us / 1e3},
+                  {"name": "loss", "ts": t0 + data_us, "host_end": t0 + wall_us, "end": t0 + wall_us,
+                   "cpu_ms": (wall_us - data_us) / 1e3}]
+        out.append({"half": 1, "ts": t0, "cpu_end": t0 + wall_us, "end": t0 + wall_us, "wall_ms": wall_us / 1e3,
+                    "data_ms": data_us / 1e3, "phases": phases})
+        for launch, start, dur in kernels_per_step(t0 + data_us):
+            events.append({"ts": start, "end": start + dur, "launch": launch, "name": "k", "cat": "kernel", "stream": 7})
+        syncs += [t0 + data_us + 100 * (j + 1) for j in range(syncs_per_step)]
+    return out, sorted(events, key=lambda e: e["ts"]), syncs
+
+
+def _verdict(kernels, **kw):
+    steps, events, syncs = _window(kernels, **kw)
+    return analyse_first_half(steps, events, syncs, True, 4, "float32")
+
+
+def test_gpu_window_verdicts():
+    # many 10 us kernels, one every 40 us: the GPU waits on launches
+    launch = _verdict(lambda t: [(t + 40 * j, t + 40 * j + 5, 10) for j in range(240)])
+    assert launch["verdict"]["name"] == "launch-bound" and launch["utilisation"] == pytest.approx(0.24, abs=0.01)
+    assert launch["kernels_per_step"] == 240 and launch["kernel_median_us"] == 10
+    # the same kernels back to back, then 7 ms of CPU work with nothing launched
+    host = _verdict(lambda t: [(t + j, t + 10 * j, 10) for j in range(240)])
+    assert host["verdict"]["name"] == "host-bound" and host["idle_long_gap_ms"] > host["idle_short_gap_ms"]
+    synced = _verdict(lambda t: [(t + 40 * j, t + 40 * j + 5, 10) for j in range(240)], syncs_per_step=2)
+    assert synced["verdict"]["name"] == "host-bound" and synced["syncs_per_step"] == 2
+    # 6 ms of each 10 ms step waiting for data, the rest busy
+    data = _verdict(lambda t: [(t + j, t + 40 * j, 40) for j in range(98)], data_us=6000)
+    assert data["verdict"]["name"] == "dataloader-bound" and data["idle_data_ms"] == pytest.approx(6.0)
+    # kernels launched ahead cover 95 % of the step
+    busy = _verdict(lambda t: [(t + j, t + 100 * j, 100) for j in range(95)])
+    assert busy["verdict"]["name"] == "compute-bound" and busy["utilisation"] == pytest.approx(0.95, abs=0.01)
+    assert "amp=True" in busy["verdict"]["lever"]
+
+
+def test_kernels_launched_late_in_a_step_count_for_that_step():
+    # Each step launches 9 ms of kernels but the GPU runs them 5 ms late (the CPU ran ahead):
+    # they still belong to the step that launched them, so utilisation stays 0.9.
+    steps, events, syncs = _window(lambda t: [(t + j, t + 5000 + 100 * j, 100) for j in range(90)])
+    figures = analyse_first_half(steps, events, syncs, True, 4, "float32")
+    assert figures["utilisation"] == pytest.approx(0.9, abs=0.01)
+    assert [s["kernels"] for s in steps] == [90] * 4 and A.stats(s["busy_ms"] for s in steps)["mean"] == pytest.approx(9.0)
