@@ -1,11 +1,29 @@
-"""YOLOv9 on CUDA: forward + loss + backward perform no host synchronisation (checked by
-PyTorch's sync debug mode, which raises on any synchronising call) under fp16 and bf16 autocast."""
+"""Registry-driven, on CUDA: every family's forward + loss + backward performs no host
+synchronisation (sync debug mode raises on any synchronising call) under float16 and bfloat16
+autocast, and its CUDA predictions match the CPU's."""
 
 import pytest
 import torch
 
+from libreyolo.families import REGISTRY
 from libreyolo.families.base import Targets
-from libreyolo.families.yolo9 import build, criterion
+
+pytestmark = pytest.mark.gpu
+
+
+def _l1(on):
+    def prepare(model):
+        model.use_l1 = on
+    return prepare
+
+
+# (family, size, prepare): the variants whose loss paths differ.
+VARIANTS = [("yolo9", "t", None), ("yolox", "s", _l1(False)), ("yolox", "s", _l1(True)),
+            ("rtmdet", "t", None), ("rtmdet", "m", None)]  # rtmdet t: linear distances, m: exp
+
+
+def test_every_family_has_a_variant():
+    assert {v[0] for v in VARIANTS} == set(REGISTRY)
 
 
 def _targets(device):
@@ -27,16 +45,19 @@ def _step(model, crit, images, targets, dtype):
     return loss.detach(), items
 
 
-@pytest.mark.gpu
+@pytest.mark.parametrize("family,size,prepare", VARIANTS, ids=lambda v: v if isinstance(v, str) else "")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_train_step_has_no_host_sync(dtype):
+def test_train_step_has_no_host_sync(family, size, prepare, dtype):
+    spec = REGISTRY[family]
     torch.manual_seed(0)
     device = torch.device("cuda")
-    model = build("t", 5).to(device, memory_format=torch.channels_last).train()
-    crit = criterion(model, None)
+    model = spec.build(size, 5).to(device, memory_format=torch.channels_last).train()
+    if prepare is not None:
+        prepare(model)
+    crit = spec.criterion(model, None)
     images = torch.rand(4, 3, 128, 128, device=device).contiguous(memory_format=torch.channels_last)
     targets = _targets(device)
-    _step(model, crit, images, targets, dtype)  # warm-up: anchor cache, cuDNN plans, allocator
+    _step(model, crit, images, targets, dtype)  # warm-up: anchor caches, cuDNN plans, allocator
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -44,16 +65,17 @@ def test_train_step_has_no_host_sync(dtype):
         loss, items = _step(model, crit, images, targets, dtype)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert loss.dtype == torch.float32 and items.shape == (3,)
+    assert loss.dtype == torch.float32 and items.shape == (len(crit.item_names),)
     assert torch.isfinite(loss) and torch.isfinite(items).all()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
 
 
-@pytest.mark.gpu
-def test_predict_on_cuda_matches_cpu():
+@pytest.mark.parametrize("family", sorted(REGISTRY))
+def test_predict_on_cuda_matches_cpu(family):
+    spec = REGISTRY[family]
     torch.manual_seed(0)
-    model = build("t", 3).eval()
+    model = spec.build(spec.sizes[0], 3).eval()
     x = torch.rand(2, 3, 64, 64)
     with torch.no_grad():
         ref = model.predict(x)
