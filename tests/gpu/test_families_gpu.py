@@ -4,9 +4,9 @@ autocast, and its CUDA predictions match the CPU's."""
 
 import pytest
 import torch
+from testkit import gpu_targets
 
 from libreyolo.families import REGISTRY
-from libreyolo.families.base import Targets
 
 pytestmark = pytest.mark.gpu
 
@@ -24,17 +24,6 @@ VARIANTS = [("yolo9", "t", None), ("yolox", "s", _l1(False)), ("yolox", "s", _l1
 
 def test_every_family_has_a_variant():
     assert {v[0] for v in VARIANTS} == set(REGISTRY)
-
-
-def _targets(device):
-    gen = torch.Generator().manual_seed(0)
-    b, m, px = 4, 16, 128
-    xy = torch.rand(b, m, 2, generator=gen) * px * 0.6
-    wh = 8 + torch.rand(b, m, 2, generator=gen) * px * 0.4
-    boxes = torch.cat((xy, (xy + wh).clamp(max=px)), -1)
-    labels = torch.randint(0, 5, (b, m), generator=gen)
-    valid = torch.arange(m).unsqueeze(0) < torch.tensor([[5], [0], [16], [1]])  # image 1 empty
-    return Targets(boxes, labels, valid).to(device)
 
 
 def _step(model, crit, images, targets, dtype):
@@ -56,7 +45,7 @@ def test_train_step_has_no_host_sync(family, size, prepare, dtype):
         prepare(model)
     crit = spec.criterion(model, None)
     images = torch.rand(4, 3, 128, 128, device=device).contiguous(memory_format=torch.channels_last)
-    targets = _targets(device)
+    targets = gpu_targets(device)
     _step(model, crit, images, targets, dtype)  # warm-up: anchor caches, cuDNN plans, allocator
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()

@@ -15,7 +15,7 @@ import dataclasses
 
 import pytest
 import torch
-from synthetic import synthetic_batch
+from testkit import synthetic_batch
 
 from libreyolo.config import build_config
 from libreyolo.engine.graphs import GraphManager

@@ -5,20 +5,9 @@ import copy
 
 import pytest
 import torch
+from testkit import gpu_targets
 
-from libreyolo.families.base import Targets
 from libreyolo.families.rtmdet import build, criterion
-
-
-def _targets(device):
-    gen = torch.Generator().manual_seed(0)
-    b, m, px = 4, 16, 128
-    xy = torch.rand(b, m, 2, generator=gen) * px * 0.6
-    wh = 8 + torch.rand(b, m, 2, generator=gen) * px * 0.4
-    boxes = torch.cat((xy, (xy + wh).clamp(max=px)), -1)
-    labels = torch.randint(0, 5, (b, m), generator=gen)
-    valid = torch.arange(m).unsqueeze(0) < torch.tensor([[5], [0], [16], [1]])  # image 1 empty
-    return Targets(boxes, labels, valid).to(device)
 
 
 def _step(model, crit, images, targets, dtype):
@@ -47,7 +36,7 @@ def test_shared_conv_gradients_eager_determinism_baseline():
     model_b = copy.deepcopy(model_a)
     crit = criterion(model_a, None)
     images = torch.rand(4, 3, 128, 128, device=device)
-    targets = _targets(device)
+    targets = gpu_targets(device)
     grads_a = _shared_conv_grads(model_a, crit, images, targets)
     grads_b = _shared_conv_grads(model_b, crit, images, targets)
     rel = [((ga - gb).norm() / ga.norm().clamp(min=1e-30)).item() for ga, gb in zip(grads_a, grads_b)]

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from synthetic import synthetic_batch
+from testkit import synthetic_batch
 
 from libreyolo.config import build_config
 from libreyolo.engine.step import train_step

@@ -7,21 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from testkit import random_targets
 
 from libreyolo.families.base import Targets
 from libreyolo.families.rtmdet import build, criterion
 from libreyolo.families.rtmdet.assign import assign, soft_class_cost
 from libreyolo.families.rtmdet.boxes import box_giou, box_iou
-
-
-def _random_targets(gen, b, m, px, nc, counts):
-    """Padded targets with counts[i] valid boxes in image i (padding rows hold junk on purpose)."""
-    xy = torch.rand(b, m, 2, generator=gen) * px * 0.7
-    wh = 6 + torch.rand(b, m, 2, generator=gen) * px * 0.5
-    boxes = torch.cat((xy, (xy + wh).clamp(max=px)), -1)
-    labels = torch.randint(0, nc, (b, m), generator=gen)
-    valid = torch.arange(m).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)
-    return Targets(boxes, labels, valid)
 
 
 # ----------------------------------------------------------------------------- assigner
@@ -117,7 +108,7 @@ def test_assigner_matches_loop_reference_on_random_scene():
     centre = points.unsqueeze(0) + torch.rand(b, a, 2, generator=gen) * 8
     half = 3 + torch.rand(b, a, 2, generator=gen) * 14
     pd_boxes = torch.cat((centre - half, centre + half), -1)
-    tg = _random_targets(gen, b, 8, 64, c, [3, 0, 6])
+    tg = random_targets(gen, b, 8, 64, c, [3, 0, 6], min_wh=6.0)
     out = assign(logits, pd_boxes, points, strides, tg.labels, tg.boxes, tg.valid)
     fg, ious, gt_idx = _reference_assign(logits, pd_boxes, points, strides, tg.labels, tg.boxes,
                                          tg.valid)
@@ -161,7 +152,7 @@ def test_forward_backward_finite_every_size(size):
     model = build(size, 3).train()
     crit = criterion(model, None)
     x = torch.rand(2, 3, 64, 64)
-    tg = _random_targets(gen, 2, 8, 64, 3, [4, 0])  # image 1 has no boxes
+    tg = random_targets(gen, 2, 8, 64, 3, [4, 0], min_wh=6.0)  # image 1 has no boxes
     loss, items = crit(model.forward_train(model.capturable(x), tg), tg)
     assert loss.ndim == 0 and items.shape == (2,) and not items.requires_grad
     assert torch.isfinite(loss) and torch.isfinite(items).all() and (items > 0).all()
@@ -191,7 +182,7 @@ def test_qfl_term_matches_split_formula():
     gen = torch.Generator().manual_seed(5)
     model = build("t", 3).train()
     crit = criterion(model, SimpleNamespace(box=0.0, cls=1.0))
-    tg = _random_targets(gen, 1, 8, 64, 3, [5])
+    tg = random_targets(gen, 1, 8, 64, 3, [5], min_wh=6.0)
     with torch.no_grad():
         preds = model(torch.rand(1, 3, 64, 64))
         raw, norm = crit.per_image(preds, tg)
@@ -221,7 +212,7 @@ def test_batch_loss_equals_per_image_sums():
     model = build("t", 3).train()
     crit = criterion(model, None)
     x = torch.rand(4, 3, 64, 96)
-    tg = _random_targets(gen, 4, 8, 64, 3, [2, 0, 5, 8])
+    tg = random_targets(gen, 4, 8, 64, 3, [2, 0, 5, 8], min_wh=6.0)
     with torch.no_grad():
         preds = model(x)
         loss, items = crit(preds, tg)
@@ -243,7 +234,7 @@ def test_gains_from_cfg_and_float32_under_autocast():
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(4)
     model = build("t", 3).train()
-    tg = _random_targets(gen, 2, 8, 64, 3, [3, 2])
+    tg = random_targets(gen, 2, 8, 64, 3, [3, 2], min_wh=6.0)
     with torch.no_grad():
         preds = model(torch.rand(2, 3, 64, 64))
     base = criterion(model, None)

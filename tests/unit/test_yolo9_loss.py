@@ -6,21 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from testkit import random_targets
 
 from libreyolo.families.base import Targets
 from libreyolo.families.common import bbox_iou, dfl_loss
 from libreyolo.families.yolo9 import build, criterion
 from libreyolo.families.yolo9.assign import TaskAlignedAssigner
-
-
-def _random_targets(gen, b, m, px, nc, counts):
-    """Padded targets with counts[i] valid boxes in image i (padding rows hold junk on purpose)."""
-    xy = torch.rand(b, m, 2, generator=gen) * px * 0.7
-    wh = 4 + torch.rand(b, m, 2, generator=gen) * px * 0.5
-    boxes = torch.cat((xy, (xy + wh).clamp(max=px)), -1)
-    labels = torch.randint(0, nc, (b, m), generator=gen)
-    valid = torch.arange(m).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)
-    return Targets(boxes, labels, valid)
 
 
 # ----------------------------------------------------------------------------- assigner
@@ -113,7 +104,7 @@ def test_assigner_matches_loop_reference_on_random_scene():
     centre = points.unsqueeze(0) + (torch.rand(b, a, 2, generator=gen) - 0.5) * 8
     half = 4 + torch.rand(b, a, 2, generator=gen) * 16
     pd_boxes = torch.cat((centre - half, centre + half), -1)
-    tg = _random_targets(gen, b, 8, 64, c, [3, 0, 6])
+    tg = random_targets(gen, b, 8, 64, c, [3, 0, 6])
     out = TaskAlignedAssigner(c, topk=5)(pd_scores, pd_boxes, points, tg.labels, tg.boxes, tg.valid)
     fg, scores = _reference_assign(pd_scores, pd_boxes, points, tg.labels, tg.boxes, tg.valid, 5)
     assert fg.any() and torch.equal(out.fg, fg)
@@ -173,7 +164,7 @@ def test_forward_backward_finite_every_size(size):
     model = build(size, 3).train()
     crit = criterion(model, None)
     x = torch.rand(3, 3, 64, 64)
-    tg = _random_targets(gen, 3, 8, 64, 3, [4, 0, 1])  # image 1 has no boxes
+    tg = random_targets(gen, 3, 8, 64, 3, [4, 0, 1])  # image 1 has no boxes
     loss, items = crit(model.forward_train(model.capturable(x), tg), tg)
     assert loss.ndim == 0 and items.shape == (3,) and not items.requires_grad
     assert torch.isfinite(loss) and torch.isfinite(items).all() and loss > 0
@@ -203,7 +194,7 @@ def test_batch_loss_equals_per_image_sums():
     model = build("t", 3).train()
     crit = criterion(model, None)
     x = torch.rand(4, 3, 64, 96)
-    tg = _random_targets(gen, 4, 8, 64, 3, [2, 0, 5, 8])
+    tg = random_targets(gen, 4, 8, 64, 3, [2, 0, 5, 8])
     with torch.no_grad():
         preds = model(x)
         loss, items = crit(preds, tg)
@@ -226,7 +217,7 @@ def test_gains_from_cfg_and_float32_under_autocast():
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(4)
     model = build("t", 3).train()
-    tg = _random_targets(gen, 2, 8, 64, 3, [3, 2])
+    tg = random_targets(gen, 2, 8, 64, 3, [3, 2])
     with torch.no_grad():
         preds = model(torch.rand(2, 3, 64, 64))
     base = criterion(model, None)

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from testkit import random_targets
 
 from libreyolo.families.base import Targets
 from libreyolo.families.common import bbox_iou
@@ -21,16 +22,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def _random_targets(gen, b, m, px, nc, counts):
-    """Padded targets with counts[i] valid boxes in image i (padding rows hold junk on purpose)."""
-    xy = torch.rand(b, m, 2, generator=gen) * px * 0.7
-    wh = 4 + torch.rand(b, m, 2, generator=gen) * px * 0.5
-    boxes = torch.cat((xy, (xy + wh).clamp(max=px)), -1)
-    labels = torch.randint(0, nc, (b, m), generator=gen)
-    valid = torch.arange(m).unsqueeze(0) < torch.tensor(counts).unsqueeze(1)
-    return Targets(boxes, labels, valid)
 
 
 # ----------------------------------------------------------------------------- assigner
@@ -146,7 +137,7 @@ def test_assigner_matches_loop_reference_on_random_scene():
     centre = centres.unsqueeze(0) + (torch.rand(b, a, 2, generator=gen) - 0.5) * 8
     half = 4 + torch.rand(b, a, 2, generator=gen) * 16
     pd_boxes = torch.cat((centre - half, centre + half), -1)
-    tg = _random_targets(gen, b, 8, 64, c, [3, 0, 6])
+    tg = random_targets(gen, b, 8, 64, c, [3, 0, 6])
     out = SimOTAAssigner(c)(probs, pd_boxes, centres, strides, tg.labels, tg.boxes, tg.valid)
     fg, gt_of = _reference_simota(probs, pd_boxes, centres, strides, tg.labels, tg.boxes, tg.valid)
     assert fg.any() and torch.equal(out.fg, fg)
@@ -166,7 +157,7 @@ def test_forward_backward_finite_every_size(size):
     model = build(size, 3).train()
     model.use_l1 = True  # every term live
     crit = criterion(model, None)
-    tg = _random_targets(gen, 2, 8, 64, 3, [4, 0])  # image 1 has no boxes
+    tg = random_targets(gen, 2, 8, 64, 3, [4, 0])  # image 1 has no boxes
     empty = Targets(torch.zeros(2, 8, 4), torch.zeros(2, 8, dtype=torch.long),
                     torch.zeros(2, 8, dtype=torch.bool))
     preds = model.forward_train(model.capturable(torch.rand(2, 3, 64, 64)), tg)
@@ -192,7 +183,7 @@ def test_batch_loss_equals_per_image_sums():
     model.use_l1 = True
     crit = criterion(model, None)
     x = torch.rand(4, 3, 64, 96)
-    tg = _random_targets(gen, 4, 8, 64, 3, [2, 0, 5, 8])
+    tg = random_targets(gen, 4, 8, 64, 3, [2, 0, 5, 8])
     with torch.no_grad():
         preds = model(x)
         loss, items = crit(preds, tg)
@@ -216,7 +207,7 @@ def test_l1_term_follows_set_epoch_and_targets_invert_decoding():
     gen = torch.Generator().manual_seed(5)
     model = build("n", 3).train()
     crit = criterion(model, None)
-    tg = _random_targets(gen, 2, 8, 64, 3, [3, 2])
+    tg = random_targets(gen, 2, 8, 64, 3, [3, 2])
     with torch.no_grad():
         preds = model(torch.rand(2, 3, 64, 64))
         _, off = crit(preds, tg)
@@ -235,7 +226,7 @@ def test_gains_from_cfg_and_float32_under_autocast():
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(4)
     model = build("n", 3).train()
-    tg = _random_targets(gen, 2, 8, 64, 3, [3, 2])
+    tg = random_targets(gen, 2, 8, 64, 3, [3, 2])
     with torch.no_grad():
         preds = model(torch.rand(2, 3, 64, 64))
     base = criterion(model, None)
