@@ -1,13 +1,20 @@
-"""Registry-driven: every registered family must overfit four tiny images (loss halves in 30 steps).
+"""Registry-driven: the model and loss contract every registered family must keep.
 
-A family joins this test the day it registers; a family-specific knob goes in OVERFIT below.
+Forward/backward finite for every size (with an empty image and an all-empty batch), the batched
+loss equal to per-image sums, channels_last equivalence, BN fusion, argument checks, and a
+four-image overfit. A family joins these tests the day it registers; family-specific knobs live
+in the tables below (a missing entry fails `test_every_family_has_its_settings`).
 """
 
 import pytest
 import torch
+from testkit import random_targets
 
+from libreyolo.errors import ConfigError
 from libreyolo.families import REGISTRY
 from libreyolo.families.base import Targets
+
+ALL_SIZES = [(f, s) for f in sorted(REGISTRY) for s in REGISTRY[f].sizes]
 
 
 def _yolox(model):
@@ -51,8 +58,125 @@ def _batch():
     return images, Targets(boxes, labels, valid)
 
 
-def test_every_family_has_an_overfit_setting():
-    assert set(OVERFIT) == set(REGISTRY)
+def _all_terms_on(family, model):
+    if family == "yolox":
+        model.use_l1 = True  # the late-training loss, every term live
+
+
+# Loss items that must be exactly zero for an image without objects (every other item > 0).
+EMPTY_ZERO = {"yolo9": ("box", "dfl"), "yolox": ("box", "cls", "l1"), "rtmdet": ("box",)}
+
+
+def test_every_family_has_its_settings():
+    assert set(OVERFIT) == set(REGISTRY) == set(EMPTY_ZERO)
+
+
+def _empty_targets(b):
+    return Targets(torch.zeros(b, 8, 4), torch.zeros(b, 8, dtype=torch.long), torch.zeros(b, 8, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("family,size", ALL_SIZES)
+def test_forward_backward_finite_every_size(family, size):
+    """One forward per size, two losses on it: a batch with an empty image, and the same
+    predictions against an all-empty batch."""
+    spec = REGISTRY[family]
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    model = spec.build(size, 3).train()
+    _all_terms_on(family, model)
+    crit = spec.criterion(model, None)
+    tg = random_targets(gen, 3, 8, 64, 3, [4, 0, 1], min_wh=6.0)  # image 1 has no boxes
+    preds = model.forward_train(model.capturable(torch.rand(3, 3, 64, 64)), tg)
+    loss, items = crit(preds, tg)
+    loss_empty, items_empty = crit(preds, _empty_targets(3))
+    assert loss.ndim == 0 and items.shape == (len(crit.item_names),) and not items.requires_grad
+    assert torch.isfinite(loss) and torch.isfinite(items).all() and (items > 0).all()
+    assert torch.allclose(loss, items.sum() * 3)
+    zero = [crit.item_names.index(k) for k in EMPTY_ZERO[family]]
+    live = [i for i in range(len(crit.item_names)) if i not in zero]
+    assert torch.isfinite(loss_empty) and items_empty[zero].abs().sum() == 0 and (items_empty[live] > 0).all()
+    (loss + loss_empty).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    if family == "rtmdet":  # the shared head convs receive gradient through every level
+        assert model.net.head.reg_convs[0].conv.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("family", sorted(REGISTRY))
+def test_batch_loss_equals_per_image_sums(family):
+    """Everything but the normaliser is per image, so the batched (vectorised) loss must equal
+    sum_i raw_i / max(sum_i norm_i, 1) computed one image at a time."""
+    spec = REGISTRY[family]
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(2)
+    model = spec.build(spec.sizes[0], 3).train()
+    _all_terms_on(family, model)
+    crit = spec.criterion(model, None)
+    x = torch.rand(4, 3, 64, 96)
+    tg = random_targets(gen, 4, 8, 64, 3, [2, 0, 5, 8], min_wh=6.0)
+    with torch.no_grad():
+        preds = model(x)
+        loss, items = crit(preds, tg)
+        raws, norms = [], []
+        for i in range(4):
+            r, n = crit.per_image(tuple(p[i:i + 1] for p in preds), Targets(*(t[i:i + 1] for t in tg)))
+            raws.append(r[0])
+            norms.append(n[0])
+        batch_raw, batch_norm = crit.per_image(preds, tg)
+    assert torch.allclose(batch_raw, torch.stack(raws), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(batch_norm, torch.stack(norms), rtol=1e-5, atol=1e-6)
+    want_items = torch.stack(raws).sum(0) / torch.stack(norms).sum().clamp(min=1)
+    assert torch.allclose(items, want_items, rtol=1e-5)
+    assert torch.allclose(loss, want_items.sum() * 4, rtol=1e-5)
+    zero = [crit.item_names.index(k) for k in EMPTY_ZERO[family]]
+    assert batch_norm[1] == 0 and batch_raw[1, zero].abs().sum() == 0  # the empty image
+
+
+@pytest.mark.parametrize("family", sorted(REGISTRY))
+def test_channels_last_matches_contiguous(family):
+    spec = REGISTRY[family]
+    torch.manual_seed(0)
+    model = spec.build(spec.sizes[0], 4).eval()
+    x = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        ref = model.capturable(x)
+        model = model.to(memory_format=torch.channels_last)
+        got = model.capturable(x.contiguous(memory_format=torch.channels_last))
+        pred = model.predict(x.contiguous(memory_format=torch.channels_last))
+    assert pred.shape == (2, 64 + 16 + 4, 4 + 4)  # one prediction per cell at strides 8/16/32
+    for r, g in zip(ref, got):
+        assert torch.allclose(r, g, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(f for f in REGISTRY if hasattr(REGISTRY[f].build(REGISTRY[f].sizes[0], 1), "fuse")))
+def test_fuse_keeps_eval_outputs(family):
+    spec = REGISTRY[family]
+    torch.manual_seed(0)
+    model = spec.build(spec.sizes[0], 3)
+    # Non-trivial BN statistics and affine params so the fold is actually exercised.
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+            torch.nn.init.uniform_(m.weight, 0.5, 1.5)
+            torch.nn.init.uniform_(m.bias, -0.2, 0.2)
+    model.eval()
+    x = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        ref = model.capturable(x)
+        got = model.fuse().capturable(x)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    for r, g in zip(ref, got):
+        assert torch.allclose(r, g, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(REGISTRY))
+def test_build_rejects_bad_arguments(family):
+    spec = REGISTRY[family]
+    with pytest.raises(ConfigError, match="size"):
+        spec.build("zz", 80)
+    with pytest.raises(ConfigError, match="num_classes"):
+        spec.build(spec.sizes[0], 0)
 
 
 @pytest.mark.parametrize("family", sorted(REGISTRY))

@@ -8,7 +8,6 @@ import pytest
 import torch
 from testkit import random_targets
 
-from libreyolo.families.base import Targets
 from libreyolo.families.common import bbox_iou, dfl_loss
 from libreyolo.families.yolo9 import build, criterion
 from libreyolo.families.yolo9.assign import TaskAlignedAssigner
@@ -154,63 +153,6 @@ def test_dfl_loss_matches_two_bin_cross_entropy():
             lo = math.floor(t)
             want[i] -= ((lo + 1 - t) * logp[i, side, lo] + (t - lo) * logp[i, side, lo + 1]) / 4
     assert torch.allclose(dfl_loss(logits, target), want, atol=1e-6)
-
-
-# ----------------------------------------------------------------------------- full loss
-@pytest.mark.parametrize("size", ["t", "s", "m", "c"])
-def test_forward_backward_finite_every_size(size):
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(1)
-    model = build(size, 3).train()
-    crit = criterion(model, None)
-    x = torch.rand(3, 3, 64, 64)
-    tg = random_targets(gen, 3, 8, 64, 3, [4, 0, 1])  # image 1 has no boxes
-    loss, items = crit(model.forward_train(model.capturable(x), tg), tg)
-    assert loss.ndim == 0 and items.shape == (3,) and not items.requires_grad
-    assert torch.isfinite(loss) and torch.isfinite(items).all() and loss > 0
-    assert torch.allclose(loss, items.sum() * 3)
-    loss.backward()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
-
-
-def test_all_empty_batch_is_finite():
-    torch.manual_seed(0)
-    model = build("t", 2).train()
-    crit = criterion(model, None)
-    tg = Targets(torch.zeros(2, 8, 4), torch.zeros(2, 8, dtype=torch.long),
-                 torch.zeros(2, 8, dtype=torch.bool))
-    loss, items = crit(model(torch.rand(2, 3, 64, 64)), tg)
-    assert torch.isfinite(loss) and items[0] == 0 and items[2] == 0 and items[1] > 0
-    loss.backward()
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-
-
-def test_batch_loss_equals_per_image_sums():
-    """Everything but the normaliser is per image, so the batched (vectorised) loss must equal
-    sum_i raw_i / max(sum_i norm_i, 1) computed one image at a time."""
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(2)
-    model = build("t", 3).train()
-    crit = criterion(model, None)
-    x = torch.rand(4, 3, 64, 96)
-    tg = random_targets(gen, 4, 8, 64, 3, [2, 0, 5, 8])
-    with torch.no_grad():
-        preds = model(x)
-        loss, items = crit(preds, tg)
-        raws, norms = [], []
-        for i in range(4):
-            one = Targets(*(t[i:i + 1] for t in tg))
-            r, n = crit.per_image(tuple(p[i:i + 1] for p in preds), one)
-            raws.append(r[0])
-            norms.append(n[0])
-        batch_raw, batch_norm = crit.per_image(preds, tg)
-    assert torch.allclose(batch_raw, torch.stack(raws), rtol=1e-5, atol=1e-5)
-    assert torch.allclose(batch_norm, torch.stack(norms), rtol=1e-5, atol=1e-6)
-    want_items = torch.stack(raws).sum(0) / torch.stack(norms).sum().clamp(min=1)
-    assert torch.allclose(items, want_items, rtol=1e-5)
-    assert torch.allclose(loss, want_items.sum() * 4, rtol=1e-5)
-    assert batch_raw[1, 0] == 0 and batch_raw[1, 2] == 0 and batch_norm[1] == 0  # empty image
 
 
 def test_gains_from_cfg_and_float32_under_autocast():

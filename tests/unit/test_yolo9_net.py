@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from libreyolo.errors import ConfigError
 from libreyolo.families import get_family, parse_arch
 from libreyolo.families.common import prior_prob_bias
 from libreyolo.families.yolo9 import ARCHS, build
@@ -83,48 +82,6 @@ def test_head_bias_init():
         want = math.log(5 / 7 / (640 / s) ** 2)
         assert torch.allclose(cls[-1].bias, torch.full_like(cls[-1].bias, want))
         assert prior_prob_bias(7, s) == pytest.approx(want)
-
-
-def test_fuse_keeps_eval_outputs():
-    torch.manual_seed(0)
-    model = build("t", 3)
-    # Non-trivial BN statistics and affine params so the fold is actually exercised.
-    for m in model.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.2, 0.2)
-            m.running_var.uniform_(0.5, 1.5)
-            torch.nn.init.uniform_(m.weight, 0.5, 1.5)
-            torch.nn.init.uniform_(m.bias, -0.2, 0.2)
-    model.eval()
-    x = torch.rand(2, 3, 64, 64)
-    with torch.no_grad():
-        ref = model.capturable(x)
-        model.fuse()
-        got = model.capturable(x)
-    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
-    for r, g in zip(ref, got):
-        assert torch.allclose(r, g, atol=1e-4, rtol=1e-4)
-
-
-def test_channels_last_matches_contiguous():
-    torch.manual_seed(0)
-    model = build("t", 4).eval()
-    x = torch.rand(2, 3, 64, 64)
-    with torch.no_grad():
-        ref = model.capturable(x)
-        model = model.to(memory_format=torch.channels_last)
-        got = model.capturable(x.contiguous(memory_format=torch.channels_last))
-        pred = model.predict(x.contiguous(memory_format=torch.channels_last))
-    assert pred.shape == (2, 84, 8)
-    for r, g in zip(ref, got):
-        assert torch.allclose(r, g, atol=1e-4, rtol=1e-4)
-
-
-def test_build_rejects_bad_arguments():
-    with pytest.raises(ConfigError, match="size"):
-        build("x", 80)
-    with pytest.raises(ConfigError, match="num_classes"):
-        build("t", 0)
 
 
 def test_spec_is_registered():

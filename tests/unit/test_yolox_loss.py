@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from testkit import random_targets
 
-from libreyolo.families.base import Targets
 from libreyolo.families.common import bbox_iou
 from libreyolo.families.yolox import build, criterion
 from libreyolo.families.yolox.assign import SimOTAAssigner, class_cost
@@ -145,61 +144,6 @@ def test_assigner_matches_loop_reference_on_random_scene():
     want_boxes = tg.boxes.gather(1, idx.unsqueeze(-1).expand(b, a, 4))
     assert torch.equal(out.boxes[fg], want_boxes[fg])
     assert torch.equal(out.labels[fg], tg.labels.gather(1, idx)[fg])
-
-
-# ----------------------------------------------------------------------------- full loss
-@pytest.mark.parametrize("size", ["n", "t", "s", "m", "l", "x"])
-def test_forward_backward_finite_every_size(size):
-    """One forward per size (the big sizes cost seconds on CPU), two losses on it: a batch with an
-    empty image, and the same predictions against an all-empty batch."""
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(1)
-    model = build(size, 3).train()
-    model.use_l1 = True  # every term live
-    crit = criterion(model, None)
-    tg = random_targets(gen, 2, 8, 64, 3, [4, 0])  # image 1 has no boxes
-    empty = Targets(torch.zeros(2, 8, 4), torch.zeros(2, 8, dtype=torch.long),
-                    torch.zeros(2, 8, dtype=torch.bool))
-    preds = model.forward_train(model.capturable(torch.rand(2, 3, 64, 64)), tg)
-    loss, items = crit(preds, tg)
-    loss_empty, items_empty = crit(preds, empty)
-    assert loss.ndim == 0 and items.shape == (4,) and not items.requires_grad
-    assert torch.isfinite(loss) and torch.isfinite(items).all() and (items > 0).all()
-    assert torch.allclose(loss, items.sum() * 2)
-    # All empty: only objectness remains (every anchor a negative), over max(0 positives, 1).
-    assert torch.isfinite(loss_empty) and items_empty[1] > 0
-    assert items_empty[[0, 2, 3]].abs().sum() == 0
-    (loss + loss_empty).backward()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
-
-
-def test_batch_loss_equals_per_image_sums():
-    """Everything but the normaliser is per image, so the batched (vectorised) loss must equal
-    sum_i raw_i / max(sum_i n_i, 1) computed one image at a time."""
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(2)
-    model = build("t", 3).train()
-    model.use_l1 = True
-    crit = criterion(model, None)
-    x = torch.rand(4, 3, 64, 96)
-    tg = random_targets(gen, 4, 8, 64, 3, [2, 0, 5, 8])
-    with torch.no_grad():
-        preds = model(x)
-        loss, items = crit(preds, tg)
-        raws, counts = [], []
-        for i in range(4):
-            one = Targets(*(t[i:i + 1] for t in tg))
-            r, n = crit.per_image(tuple(p[i:i + 1] for p in preds), one)
-            raws.append(r[0])
-            counts.append(n[0])
-        batch_raw, batch_n = crit.per_image(preds, tg)
-    assert torch.allclose(batch_raw, torch.stack(raws), rtol=1e-5, atol=1e-5)
-    assert torch.equal(batch_n, torch.stack(counts))
-    want_items = torch.stack(raws).sum(0) / torch.stack(counts).sum().clamp(min=1)
-    assert torch.allclose(items, want_items, rtol=1e-5)
-    assert torch.allclose(loss, want_items.sum() * 4, rtol=1e-5)
-    assert batch_n[1] == 0 and batch_raw[1, [0, 2, 3]].abs().sum() == 0  # empty image
 
 
 def test_l1_term_follows_set_epoch_and_targets_invert_decoding():
