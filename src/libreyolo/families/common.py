@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
+
 # The YOLO recipes (YOLOv5 onwards, YOLOv9 included) run BatchNorm with eps 1e-3 and momentum 0.03:
 # the running stats then average over ~33 steps, which keeps them stable under the small
 # per-GPU batches these detectors train with.
@@ -70,6 +72,14 @@ def prior_prob_bias(num_classes: int, stride: int, img_size: int = 640, objects:
     return math.log(objects / num_classes / (img_size / stride) ** 2)
 
 
+def check_build_args(display: str, sizes, size: str, num_classes: int) -> None:
+    """The one-line errors every family's `build(size, num_classes)` gives for bad arguments."""
+    if size not in sizes:
+        raise ConfigError(f"unknown {display} size {size!r}; choose one of {', '.join(sizes)}")
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+
+
 # --------------------------------------------------------------------------- anchors / decode
 def make_anchors(shapes: tuple[tuple[int, int], ...], strides: tuple[int, ...], dtype: torch.dtype,
                  device: torch.device, offset: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,10 +95,15 @@ def make_anchors(shapes: tuple[tuple[int, int], ...], strides: tuple[int, ...], 
 
 
 class AnchorCache:
-    """Anchors per (feature shapes, dtype, device): built once with device-side arange, no sync."""
+    """Anchors per (feature shapes, dtype, device): built once with device-side arange, no sync.
 
-    def __init__(self, strides: tuple[int, ...]):
+    `offset` 0.5 gives cell centres (YOLOv9), 0.0 cell corners (YOLOX grids, RTMDet priors);
+    `pixels=True` returns the points in input pixels instead of grid units (RTMDet).
+    """
+
+    def __init__(self, strides: tuple[int, ...], offset: float = 0.5, pixels: bool = False):
         self.strides = tuple(strides)
+        self.offset, self.pixels = offset, pixels
         self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, feats: tuple[torch.Tensor, ...] | list[torch.Tensor],
@@ -97,7 +112,8 @@ class AnchorCache:
         device = feats[0].device
         key = (shapes, dtype, device)
         if key not in self._cache:
-            self._cache[key] = make_anchors(shapes, self.strides, dtype, device)
+            points, strides = make_anchors(shapes, self.strides, dtype, device, self.offset)
+            self._cache[key] = (points * strides if self.pixels else points, strides)
         return self._cache[key]
 
 

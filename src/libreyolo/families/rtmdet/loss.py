@@ -21,10 +21,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..common import flatten_levels
+from ..common import AnchorCache, flatten_levels
 from .assign import assign
 from .boxes import box_giou
-from .net import PriorCache, decode_boxes
+from .net import decode_boxes
 
 DEFAULT_GAINS = {"box": 2.0, "cls": 1.0}  # mmdet rtmdet_l config: GIoULoss 2.0, QFL 1.0
 
@@ -35,7 +35,7 @@ class RTMDetLoss:
     def __init__(self, model: Any, cfg: Any = None):
         model = getattr(model, "module", model)  # DDP wrapper -> the model
         self.num_classes = model.num_classes
-        self.priors = PriorCache(tuple(model.strides))
+        self.priors = AnchorCache(tuple(model.strides), offset=0.0, pixels=True)
         self.gains = tuple(float(getattr(cfg, k, v)) for k, v in DEFAULT_GAINS.items())
 
     def __call__(self, preds: tuple[torch.Tensor, ...], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:

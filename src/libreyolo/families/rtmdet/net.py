@@ -34,8 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...errors import ConfigError
-from ..common import BN_EPS, BN_MOMENTUM, ConvBNAct, flatten_levels, make_anchors
+from ..common import BN_EPS, BN_MOMENTUM, AnchorCache, ConvBNAct, check_build_args, flatten_levels
 
 STRIDES = (8, 16, 32)
 # CSPNeXt "P5": (in, out, blocks, residual, spp) per stage before scaling (mmdet cspnext.py).
@@ -228,22 +227,6 @@ class RTMDetNet(nn.Module):
         return self.head(self.neck(self.backbone(x)))
 
 
-class PriorCache:
-    """Prior points [A, 2] (cell corners, input pixels) and strides [A, 1] per feature shapes."""
-
-    def __init__(self, strides: tuple[int, ...]):
-        self.strides = tuple(strides)
-        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def __call__(self, feats) -> tuple[torch.Tensor, torch.Tensor]:
-        shapes = tuple((int(f.shape[-2]), int(f.shape[-1])) for f in feats)
-        key = (shapes, feats[0].device)
-        if key not in self._cache:
-            points, strides = make_anchors(shapes, self.strides, torch.float32, feats[0].device, 0.0)
-            self._cache[key] = (points * strides, strides)
-        return self._cache[key]
-
-
 def decode_boxes(dist: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
     """ltrb pixel distances [..., 4] around prior points [A, 2] -> xyxy pixels."""
     lt, rb = dist.chunk(2, -1)
@@ -259,7 +242,7 @@ class RTMDetModel(nn.Module):
         self.num_classes = num_classes
         self.strides = STRIDES
         self.net = RTMDetNet(ARCHS[size], num_classes)
-        self.priors = PriorCache(STRIDES)
+        self.priors = AnchorCache(STRIDES, offset=0.0, pixels=True)  # cell corners, pixels
 
     @property
     def capturable(self) -> nn.Module:
@@ -284,8 +267,5 @@ class RTMDetModel(nn.Module):
 
 
 def build(size: str, num_classes: int) -> RTMDetModel:
-    if size not in ARCHS:
-        raise ConfigError(f"unknown RTMDet size {size!r}; choose one of {', '.join(ARCHS)}")
-    if not isinstance(num_classes, int) or num_classes < 1:
-        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+    check_build_args("RTMDet", ARCHS, size, num_classes)
     return RTMDetModel(size, num_classes)

@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...errors import ConfigError
 from ..common import (
     AnchorCache,
     ConvBNAct,
+    check_build_args,
     dfl_decode,
     dist2bbox,
     flatten_levels,
@@ -312,8 +312,5 @@ class YOLO9Model(nn.Module):
 
 
 def build(size: str, num_classes: int) -> YOLO9Model:
-    if size not in ARCHS:
-        raise ConfigError(f"unknown YOLOv9 size {size!r}; choose one of {', '.join(ARCHS)}")
-    if not isinstance(num_classes, int) or num_classes < 1:
-        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+    check_build_args("YOLOv9", ARCHS, size, num_classes)
     return YOLO9Model(size, num_classes)

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..common import bbox_iou, flatten_levels
+from ..common import AnchorCache, bbox_iou, flatten_levels
 from .assign import SimOTAAssigner
-from .net import GridCache, decode_boxes
+from .net import decode_boxes
 
 DEFAULT_GAINS = {"box": 5.0, "cls": 1.0}  # YOLOX reg_weight 5.0; classification weight 1.0
 OBJ_GAIN = 1.0
@@ -38,7 +38,7 @@ class YOLOXLoss:
     def __init__(self, model: Any, cfg: Any = None):
         self.model = getattr(model, "module", model)  # DDP wrapper -> the model (reads use_l1)
         self.num_classes = self.model.num_classes
-        self.grids = GridCache(tuple(self.model.strides))
+        self.grids = AnchorCache(tuple(self.model.strides), offset=0.0)
         self.assigner = SimOTAAssigner(self.num_classes)
         self.gains = tuple(float(getattr(cfg, k, v)) for k, v in DEFAULT_GAINS.items())
 

@@ -31,8 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...errors import ConfigError
-from ..common import ConvBNAct, flatten_levels, fuse_model_
+from ..common import AnchorCache, ConvBNAct, check_build_args, flatten_levels, fuse_model_
 
 STRIDES = (8, 16, 32)
 # YOLOX initialises the objectness and class biases to a 1 % prior probability (focal-loss style),
@@ -219,29 +218,6 @@ class YOLOXNet(nn.Module):
         return self.head(self.neck(self.backbone(x)))
 
 
-class GridCache:
-    """Grid cell corners [A, 2] (x, y; cell index, no 0.5 offset) and strides [A, 1] per
-    (feature shapes, device), built once with device-side arange: no host sync on later calls."""
-
-    def __init__(self, strides: tuple[int, ...]):
-        self.strides = tuple(strides)
-        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def __call__(self, feats: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        shapes = tuple((int(f.shape[-2]), int(f.shape[-1])) for f in feats)
-        key = (shapes, feats[0].device)
-        if key not in self._cache:
-            grids, strides = [], []
-            for (h, w), s in zip(shapes, self.strides):
-                gy, gx = torch.meshgrid(torch.arange(h, device=key[1], dtype=torch.float32),
-                                        torch.arange(w, device=key[1], dtype=torch.float32),
-                                        indexing="ij")
-                grids.append(torch.stack((gx, gy), -1).reshape(-1, 2))
-                strides.append(torch.full((h * w, 1), float(s), device=key[1]))
-            self._cache[key] = (torch.cat(grids), torch.cat(strides))
-        return self._cache[key]
-
-
 def decode_boxes(raw: torch.Tensor, grid: torch.Tensor, strides: torch.Tensor) -> torch.Tensor:
     """Raw [..., A, 4] (dx, dy, log w, log h) -> xyxy pixels [..., A, 4]."""
     xy = (raw[..., :2] + grid) * strides
@@ -263,7 +239,7 @@ class YOLOXModel(nn.Module):
         self.num_classes = num_classes
         self.strides = STRIDES
         self.net = YOLOXNet(ARCHS[size], num_classes)
-        self.grids = GridCache(STRIDES)
+        self.grids = AnchorCache(STRIDES, offset=0.0)  # cell corners, grid units
         self.use_l1 = False
 
     @property
@@ -306,8 +282,5 @@ class YOLOXModel(nn.Module):
 
 
 def build(size: str, num_classes: int) -> YOLOXModel:
-    if size not in ARCHS:
-        raise ConfigError(f"unknown YOLOX size {size!r}; choose one of {', '.join(ARCHS)}")
-    if not isinstance(num_classes, int) or num_classes < 1:
-        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+    check_build_args("YOLOX", ARCHS, size, num_classes)
     return YOLOXModel(size, num_classes)
