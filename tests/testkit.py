@@ -1,5 +1,7 @@
 """Helpers shared by the test suites (importable as `testkit`: tests/ is on pytest's pythonpath)."""
 
+import json
+
 import torch
 
 from libreyolo.data import Batch
@@ -39,3 +41,15 @@ def synthetic_batch(b: int = 8, size: int = 256, seed: int = 0, empty_first: boo
         valid[0] = False
     return Batch(images=images.pin_memory(),
                  targets=Targets(boxes.pin_memory(), labels.pin_memory(), valid.pin_memory()))
+
+
+def shapes_subset(root, n: int) -> str:
+    """The built-in shapes dataset cut to `n` train (and 4 val) images, as a dataset yaml under `root`."""
+    from libreyolo.data import load_data_config
+
+    shapes = load_data_config("shapes")
+    (root / "train.txt").write_text("\n".join(str(p) for p in shapes.train[:n]))
+    (root / "val.txt").write_text("\n".join(str(p) for p in shapes.val[:4]))
+    (root / "data.yaml").write_text(json.dumps({"path": str(root), "train": "train.txt", "val": "val.txt",
+                                                "names": shapes.names}))
+    return str(root / "data.yaml")

@@ -8,20 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from testkit import shapes_subset
 
 COMMON = ["device=cpu", "workers=0"]
-
-
-def _subset(root, n):
-    """The shapes dataset cut to `n` train images, as a dataset yaml under `root`."""
-    from libreyolo.data import load_data_config
-
-    shapes = load_data_config("shapes")
-    (root / "train.txt").write_text("\n".join(str(p) for p in shapes.train[:n]))
-    (root / "val.txt").write_text("\n".join(str(p) for p in shapes.val[:4]))
-    (root / "data.yaml").write_text(json.dumps({"path": str(root), "train": "train.txt", "val": "val.txt",
-                                                "names": shapes.names}))
-    return str(root / "data.yaml")
 
 
 def _ok(result):
@@ -69,7 +58,7 @@ def test_profile_run_writes_four_files_and_a_copy_reads_back(cli, tmp_path):
 
 
 def test_profile_repeat_trials_and_numbered_runs(cli, tmp_path):
-    data = _subset(tmp_path, 8)
+    data = shapes_subset(tmp_path, 8)
     (tmp_path / "runs" / "profile" / "prof").mkdir(parents=True)  # an earlier run: this one is prof2
     tiny = ["imgsz=64", "batch=4", *COMMON, "profile_skip=1", "profile_steps=2"]
     result = _ok(cli("profile", "run", data, "--weights", "yolov9", "--size", "tiny", "--repeat", "2", *tiny, "--json"))

@@ -6,6 +6,7 @@ import time
 import types
 
 import pytest
+from testkit import shapes_subset
 
 from libreyolo import LibreYOLO
 from libreyolo.profiler import analyze as A
@@ -17,22 +18,10 @@ from libreyolo.profiler.window import ProfilerHook, profiler_hooks
 FAST = dict(imgsz=64, batch=4, device="cpu", workers=0, amp=False, val=False, no_aug_epochs=0)
 
 
-def _subset(root, n):
-    """The shapes dataset cut to `n` train images, as a dataset yaml under `root`."""
-    from libreyolo.data import load_data_config
-
-    shapes = load_data_config("shapes")
-    (root / "train.txt").write_text("\n".join(str(p) for p in shapes.train[:n]))
-    (root / "val.txt").write_text("\n".join(str(p) for p in shapes.val[:4]))
-    (root / "data.yaml").write_text(json.dumps({"path": str(root), "train": "train.txt", "val": "val.txt",
-                                                "names": shapes.names}))
-    return str(root / "data.yaml")
-
-
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
     """8 train images: 2 steps per epoch at batch 4."""
-    return _subset(tmp_path_factory.mktemp("tiny"), 8)
+    return shapes_subset(tmp_path_factory.mktemp("tiny"), 8)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +108,7 @@ def test_planted_faults_show_up(tmp_path, monkeypatch):
         loss.detach().item()  # a host sync in the step, as a careless logging line would add
         return loss, items
 
-    data = _subset(tmp_path, 4)
+    data = shapes_subset(tmp_path, 4)
     monkeypatch.setattr(TrainDataset, "__getitem__", slow)
     monkeypatch.setattr(YOLO9Loss, "__call__", with_sync)
     run = LibreYOLO("yolo9-t").train(data=data, project=str(tmp_path), epochs=2, profile=True,

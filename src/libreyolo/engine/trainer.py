@@ -150,6 +150,8 @@ class Trainer:
         self._interval_steps, self._interval_images, self._interval_t0 = 0, 0, time.perf_counter()
 
     def _accumulate(self, items: torch.Tensor, images: int) -> None:
+        # Four tiny device ops, no sync: a float16 step the scaler skipped (inf/NaN items) must
+        # neither poison the logged mean nor go unnoticed; the read-back decides what it means.
         ok = torch.isfinite(items).all()
         self._acc += torch.where(ok, items, 0.0)
         self._finite += ok
