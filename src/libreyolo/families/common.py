@@ -194,3 +194,45 @@ def dfl_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     lp_left = logp.gather(-1, left.unsqueeze(-1)).squeeze(-1)
     lp_right = logp.gather(-1, (left + 1).unsqueeze(-1)).squeeze(-1)
     return -(lp_left * w_left + lp_right * (1 - w_left)).mean(-1)
+
+
+# --------------------------------------------------------------------------- the shared contract
+class YOLOStyleModel(nn.Module):
+    """The training-model contract for single-stage families (families/base.py): `self.net` is the
+    whole network, so it is what CUDA graphs capture and nothing eager remains after it.
+    Subclasses set `self.net` and define `predict(images)`."""
+
+    net: nn.Module
+
+    @property
+    def capturable(self) -> nn.Module:
+        return self.net
+
+    def forward_train(self, captured: tuple[torch.Tensor, ...], targets=None) -> tuple[torch.Tensor, ...]:
+        return captured
+
+    def forward(self, images: torch.Tensor):
+        return self.net(images) if self.training else self.predict(images)
+
+
+class PerImageLoss:
+    """loss = B * sum_i raw_i / max(sum_i norm_i, 1), from per-image sums computed in float32.
+
+    Subclasses implement `_per_image(preds, targets) -> (raw [B, K] gain-weighted sums,
+    norm [B])`. Keeping every term a per-image sum with one batch normaliser makes the
+    vectorised loss testable one image at a time (tests/unit/test_families.py).
+    """
+
+    item_names: tuple[str, ...]
+
+    def __call__(self, preds: tuple[torch.Tensor, ...], targets) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (scalar loss already multiplied by the batch size, detached gain-weighted items [K])."""
+        raw, norm = self.per_image(preds, targets)
+        items = raw.sum(0) / norm.sum().clamp(min=1)
+        return items.sum() * raw.shape[0], items.detach()
+
+    def per_image(self, preds: tuple[torch.Tensor, ...], targets) -> tuple[torch.Tensor, torch.Tensor]:
+        # float32 throughout even when called inside an autocast region (matmuls and exps in the
+        # decode would otherwise drop to half precision).
+        with torch.autocast(preds[0].device.type, enabled=False):
+            return self._per_image(preds, targets)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..common import AnchorCache, flatten_levels
+from ..common import AnchorCache, PerImageLoss, flatten_levels
 from .assign import assign
 from .boxes import box_giou
 from .net import decode_boxes
@@ -29,7 +29,9 @@ from .net import decode_boxes
 DEFAULT_GAINS = {"box": 2.0, "cls": 1.0}  # mmdet rtmdet_l config: GIoULoss 2.0, QFL 1.0
 
 
-class RTMDetLoss:
+class RTMDetLoss(PerImageLoss):
+    """Gain-weighted sums per image [B, 2] (box, cls); normaliser: the positives' IoU sum."""
+
     item_names = ("box", "cls")
 
     def __init__(self, model: Any, cfg: Any = None):
@@ -37,17 +39,6 @@ class RTMDetLoss:
         self.num_classes = model.num_classes
         self.priors = AnchorCache(tuple(model.strides), offset=0.0, pixels=True)
         self.gains = tuple(float(getattr(cfg, k, v)) for k, v in DEFAULT_GAINS.items())
-
-    def __call__(self, preds: tuple[torch.Tensor, ...], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (scalar loss already multiplied by the batch size, detached gain-weighted items [2])."""
-        raw, norm = self.per_image(preds, targets)
-        items = raw.sum(0) / norm.sum().clamp(min=1)
-        return items.sum() * raw.shape[0], items.detach()
-
-    def per_image(self, preds: tuple[torch.Tensor, ...], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gain-weighted unnormalised sums per image [B, 2] (box, cls) and normalisers [B]."""
-        with torch.autocast(preds[0].device.type, enabled=False):
-            return self._per_image(preds, targets)
 
     def _per_image(self, preds: tuple[torch.Tensor, ...], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
         x = flatten_levels(preds, torch.float32)  # [B, A, C + 4], autocast outputs cast up

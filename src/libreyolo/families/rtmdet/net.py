@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common import BN_EPS, BN_MOMENTUM, AnchorCache, ConvBNAct, check_build_args, flatten_levels
+from ..common import BN_EPS, BN_MOMENTUM, AnchorCache, ConvBNAct, YOLOStyleModel, check_build_args, flatten_levels
 
 STRIDES = (8, 16, 32)
 # CSPNeXt "P5": (in, out, blocks, residual, spp) per stage before scaling (mmdet cspnext.py).
@@ -233,7 +233,7 @@ def decode_boxes(dist: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
     return torch.cat((points - lt, points + rb), -1)
 
 
-class RTMDetModel(nn.Module):
+class RTMDetModel(YOLOStyleModel):
     """Training model (families/base.py contract): `capturable` is the whole network."""
 
     def __init__(self, size: str, num_classes: int):
@@ -244,15 +244,6 @@ class RTMDetModel(nn.Module):
         self.net = RTMDetNet(ARCHS[size], num_classes)
         self.priors = AnchorCache(STRIDES, offset=0.0, pixels=True)  # cell corners, pixels
 
-    @property
-    def capturable(self) -> nn.Module:
-        return self.net
-
-    def forward_train(self, captured: tuple[torch.Tensor, ...], targets=None) -> tuple[torch.Tensor, ...]:
-        return captured  # YOLO-style: nothing eager remains after the network
-
-    def forward(self, images: torch.Tensor):
-        return self.net(images) if self.training else self.predict(images)
 
     def decode(self, preds: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Raw maps -> [B, A, 4 + nc]: xyxy input pixels, then sigmoid scores (float32)."""

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..common import (
     AnchorCache,
+    PerImageLoss,
     bbox2dist,
     bbox_iou,
     dfl_decode,
@@ -32,7 +33,9 @@ from .assign import TaskAlignedAssigner
 DEFAULT_GAINS = {"box": 7.5, "cls": 0.5, "dfl": 1.5}  # YOLOv9 hyp.scratch-high
 
 
-class YOLO9Loss:
+class YOLO9Loss(PerImageLoss):
+    """Gain-weighted sums per image [B, 3] (box, cls, dfl); normaliser: the sum of soft class targets."""
+
     item_names = ("box", "cls", "dfl")
 
     def __init__(self, model: Any, cfg: Any = None):
@@ -42,20 +45,6 @@ class YOLO9Loss:
         self.anchors = AnchorCache(tuple(model.strides))
         self.assigner = TaskAlignedAssigner(self.num_classes, topk=10, alpha=0.5, beta=6.0)
         self.gains = tuple(float(getattr(cfg, k, v)) for k, v in DEFAULT_GAINS.items())
-
-    def __call__(self, preds: tuple[torch.Tensor, ...], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (scalar loss already multiplied by the batch size, detached gain-weighted items [3])."""
-        raw, norm = self.per_image(preds, targets)
-        items = raw.sum(0) / norm.sum().clamp(min=1)
-        return items.sum() * raw.shape[0], items.detach()
-
-    def per_image(self, preds: tuple[torch.Tensor, ...], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gain-weighted, unnormalised loss sums per image [B, 3] (box, cls, dfl) and the
-        per-image normalisers [B] (sum of soft class targets)."""
-        # float32 throughout even when called inside an autocast region (the matmul in the DFL
-        # decode would otherwise drop to half precision).
-        with torch.autocast(preds[0].device.type, enabled=False):
-            return self._per_image(preds, targets)
 
     def _per_image(self, preds: tuple[torch.Tensor, ...], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.reg_max

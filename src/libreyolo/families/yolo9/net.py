@@ -34,6 +34,7 @@ from torch import nn
 from ..common import (
     AnchorCache,
     ConvBNAct,
+    YOLOStyleModel,
     check_build_args,
     dfl_decode,
     dist2bbox,
@@ -263,7 +264,7 @@ class GELAN(nn.Module):
         return self.head([n3, n4, n5])
 
 
-class YOLO9Model(nn.Module):
+class YOLO9Model(YOLOStyleModel):
     """Training model (families/base.py contract): `capturable` is the whole network.
 
     `forward(images)` returns the raw per-level head maps in train mode and `predict(images)`
@@ -279,15 +280,6 @@ class YOLO9Model(nn.Module):
         self.net = GELAN(ARCHS[size], num_classes)
         self.anchors = AnchorCache(STRIDES)
 
-    @property
-    def capturable(self) -> nn.Module:
-        return self.net
-
-    def forward_train(self, captured: tuple[torch.Tensor, ...], targets=None) -> tuple[torch.Tensor, ...]:
-        return captured  # YOLO-style: the whole network is capturable, nothing eager remains
-
-    def forward(self, images: torch.Tensor):
-        return self.net(images) if self.training else self.predict(images)
 
     def decode(self, preds: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Raw head maps -> [B, A, 4 + nc]: xyxy boxes in input pixels, then sigmoid scores.

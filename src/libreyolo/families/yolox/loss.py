@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..common import AnchorCache, bbox_iou, flatten_levels
+from ..common import AnchorCache, PerImageLoss, bbox_iou, flatten_levels
 from .assign import SimOTAAssigner
 from .net import decode_boxes
 
@@ -32,7 +32,9 @@ L1_GAIN = 1.0
 L1_EPS = 1e-8  # log(w / stride + eps) as YOLOX builds its L1 size targets
 
 
-class YOLOXLoss:
+class YOLOXLoss(PerImageLoss):
+    """Gain-weighted sums per image [B, 4] (box, obj, cls, l1); normaliser: the positive count."""
+
     item_names = ("box", "obj", "cls", "l1")
 
     def __init__(self, model: Any, cfg: Any = None):
@@ -41,18 +43,6 @@ class YOLOXLoss:
         self.grids = AnchorCache(tuple(self.model.strides), offset=0.0)
         self.assigner = SimOTAAssigner(self.num_classes)
         self.gains = tuple(float(getattr(cfg, k, v)) for k, v in DEFAULT_GAINS.items())
-
-    def __call__(self, preds: tuple[torch.Tensor, ...], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (scalar loss already multiplied by the batch size, detached gain-weighted items [4])."""
-        raw, num_fg = self.per_image(preds, targets)
-        items = raw.sum(0) / num_fg.sum().clamp(min=1)
-        return items.sum() * raw.shape[0], items.detach()
-
-    def per_image(self, preds: tuple[torch.Tensor, ...], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gain-weighted, unnormalised loss sums per image [B, 4] (box, obj, cls, l1) and the
-        per-image positive counts [B] (float)."""
-        with torch.autocast(preds[0].device.type, enabled=False):
-            return self._per_image(preds, targets)
 
     def _per_image(self, preds: tuple[torch.Tensor, ...], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
         x = flatten_levels(preds, torch.float32)  # [B, A, 5 + C]

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common import AnchorCache, ConvBNAct, check_build_args, flatten_levels, fuse_model_
+from ..common import AnchorCache, ConvBNAct, YOLOStyleModel, check_build_args, flatten_levels, fuse_model_
 
 STRIDES = (8, 16, 32)
 # YOLOX initialises the objectness and class biases to a 1 % prior probability (focal-loss style),
@@ -225,7 +225,7 @@ def decode_boxes(raw: torch.Tensor, grid: torch.Tensor, strides: torch.Tensor) -
     return torch.cat((xy - half, xy + half), -1)
 
 
-class YOLOXModel(nn.Module):
+class YOLOXModel(YOLOStyleModel):
     """Training model (families/base.py contract): `capturable` is the whole network.
 
     `use_l1` switches on the L1 term of the loss when mosaic closes (`set_epoch`). The network
@@ -242,15 +242,6 @@ class YOLOXModel(nn.Module):
         self.grids = AnchorCache(STRIDES, offset=0.0)  # cell corners, grid units
         self.use_l1 = False
 
-    @property
-    def capturable(self) -> nn.Module:
-        return self.net
-
-    def forward_train(self, captured: tuple[torch.Tensor, ...], targets=None) -> tuple[torch.Tensor, ...]:
-        return captured  # YOLO-style: the whole network is capturable, nothing eager remains
-
-    def forward(self, images: torch.Tensor):
-        return self.net(images) if self.training else self.predict(images)
 
     def set_epoch(self, epoch: int, cfg) -> str | None:
         """L1 on from the epoch mosaic closes (`epochs - no_aug_epochs`), as YOLOX trains; returns
