@@ -1,45 +1,122 @@
 #!/usr/bin/env bash
-# The GPU verification and benchmark runs, in stages that each fit one device call (<10 min).
+# The GPU verification and benchmark runs, in stages that fit device calls of under 10 minutes.
 #
 #   bash benchmarks/gpu_session.sh STAGE [STAGE ...]     (results go to $OUT, else ./gpu-results)
 #
-# Stages:
-#   tests     make test-gpu (every @pytest.mark.gpu test)                           ~2 min
-#   bench-t8  bench step, YOLOv9-t batch 8 at 640: fp32, float16, bfloat16          ~2 min
-#   bench     bench step, YOLOv9-t and -s at batch 2/8/32, float16 and bfloat16    ~8 min
-#   train     YOLOv9-t from scratch on shapes at 640, float16, 100 epochs          ~3 min
+# Stages run in order on the GPU(s) CUDA_VISIBLE_DEVICES names. With DEADLINE=<epoch seconds>
+# set, each stage is cut off (timeout) at the deadline and later stages are skipped, so a
+# time-boxed device call still brings back everything that finished; a benchmark matrix writes
+# its JSON after every (model, batch). On a two-GPU machine run two lists side by side:
+#   CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_session.sh tests profile &
+#   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh bench-t8 bench-families; wait
 #
-# On the device machine, missing packages travel as wheels in .whl/ (see the device tool's README):
-# faster-coco-eval and plotly. Each arm of `bench step` is its own process; its record carries
-# `stage_seconds` (setup, warm-up, timed, profiled, synced) so a slow arm shows where time went.
+# Stages:
+#   tests            every @pytest.mark.gpu test (tests/gpu)
+#   profile          `libreyolo profile run` YOLOv9-t batch 8 at 640 float16, eager and graphed
+#   bench-t8         bench step YOLOv9-t batch 8: fp32 / float16 / bfloat16, each eager and graphed
+#   bench-families   bench step YOLOX-t and RTMDet-t batch 8 float16, eager and graphed
+#   bench-matrix     bench step YOLOv9-t batch 2, 32 and YOLOv9-s batch 2, 8, 32, six arms each
+#   bench-families-bs  bench step YOLOX-t and RTMDet-t batch 2 and 32 float16, eager and graphed
+#   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, 100 epochs
+#   train-yolox      YOLOX-t from scratch on shapes at 640, float16, graphed (capture invalidated
+#                    and re-taken when the L1 branch turns on at no_aug_epochs)
+#   train-rtmdet     RTMDet-t from scratch on shapes at 640, float16
+#   finetune         YOLOv9-t: 40 epochs from scratch, then 20-epoch fine-tunes at batch 8, 640,
+#                    workers 4: eager (seeds 0 and 1) and graphed (seed 0); wall time + mAP
+#
+# Missing packages travel as wheels in .whl/ (see the device tool's README): faster-coco-eval,
+# plotly, holistictraceanalysis + pydot. Each arm of `bench step` is its own process; its record
+# carries `stage_seconds` so a slow arm shows where its time went.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
 mkdir -p "$out"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=$PWD/src:/tmp/site
-else
-  export PYTHONPATH=$PWD/src
+gpu=${CUDA_VISIBLE_DEVICES:-all}
+if ls .whl/*.whl >/dev/null 2>&1 && [ ! -e /tmp/site/.done ]; then
+  mkdir -p /tmp/site
+  # Two lanes may start together: one installs, the other waits for it.
+  if mkdir /tmp/site/.lock 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    touch /tmp/site/.done
+  else
+    while [ ! -e /tmp/site/.done ]; do sleep 1; done
+  fi
 fi
+export PYTHONPATH=$PWD/src:/tmp/site
 export LIBREYOLO_CACHE=${LIBREYOLO_CACHE:-/tmp/libreyolo-cache} PYTHONUNBUFFERED=1
+# Both lanes need the dataset: generation is atomic, so a race only wastes a second.
 python3 -c "from libreyolo.data import load_data_config; load_data_config('shapes')" || exit 1
 
-for stage in "$@"; do
-  case "$stage" in
+runs=/tmp/runs-gpu$gpu
+matrix() {  # matrix NAME ARGS...: bench step over models x batches, JSON after each pair
+  local name=$1; shift
+  python3 benchmarks/step_matrix.py "$@" --out "$out/$name.json" > "$out/$name.md"
+}
+train() {  # train NAME KEY=VALUE...: a training run; its results.csv and log come back
+  local name=$1; shift
+  local t0=$EPOCHREALTIME
+  python3 -m libreyolo train data=shapes project="$runs" name="$name" exist_ok=true "$@" \
+    > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "{\"name\": \"$name\", \"rc\": $rc, \"wall_s\": $(awk "BEGIN{print $EPOCHREALTIME - $t0}")}" >> "$out/walltimes.jsonl"
+  cp "$runs/$name/results.csv" "$out/$name.csv" 2>/dev/null
+  grep -E "CUDA graph|precision:|cuda_graph|invalidated|skipped|non-finite" "$out/$name.log" | head -20
+  tail -3 "$out/$name.log"
+}
+six=fp32,fp32+graph,float16,float16+graph,bfloat16,bfloat16+graph
+
+stage_run() {
+  case "$1" in
     tests)
-      python3 -m pytest -q -m gpu tests/gpu -rA 2>&1 | tee "$out/gpu_tests.txt" | tail -40 ;;
+      python3 -m pytest -q -m gpu tests/gpu -rA -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.txt" | tail -60 ;;
+    profile)
+      for arm in eager graph; do
+        extra=""; [ "$arm" = graph ] && extra="cuda_graph=true"
+        (cd /tmp && python3 -m libreyolo profile run shapes --size t imgsz=640 batch=8 amp_dtype=float16 \
+          workers=8 project="$runs/profile-$arm" $extra > "$out/profile_$arm.log" 2>&1)
+        d=$(ls -d "$runs/profile-$arm"/prof* | tail -1)
+        mkdir -p "$out/profile_$arm" && cp "$d"/profile.json "$d"/profile_summary.json "$d"/timeline.html "$out/profile_$arm/"
+        gzip -c "$d/profile_trace.json" > "$out/profile_$arm/profile_trace.json.gz"
+        tail -30 "$out/profile_$arm.log"
+      done ;;
     bench-t8)
-      python3 benchmarks/step_matrix.py --models yolo9-t --batches 8 --arms fp32,float16,bfloat16 \
-        --out "$out/step_yolo9t_b8.json" ;;
-    bench)
-      python3 benchmarks/step_matrix.py --models yolo9-t yolo9-s --batches 2 8 32 --arms float16,bfloat16 \
-        --out "$out/step_matrix.json" ;;
-    train)
-      (cd /tmp && python3 -m libreyolo train model=yolo9-t data=shapes imgsz=640 batch=16 nbs=16 epochs=100 \
-        workers=8 eval_interval=10 amp_dtype=float16 name=t640 exist_ok=true 2>&1 | grep -v '^epoch' | tail -5)
-      cp /tmp/runs/train/t640/results.csv "$out/train_yolo9t_shapes640.csv" ;;
+      matrix step_yolo9t_b8 --models yolo9-t --batches 8 --arms $six ;;
+    bench-families)
+      matrix step_families_b8 --models yolox-t rtmdet-t --batches 8 --arms float16,float16+graph ;;
+    bench-matrix)
+      matrix step_yolo9t_b2_b32 --models yolo9-t --batches 2 32 --arms $six
+      matrix step_yolo9s --models yolo9-s --batches 8 2 32 --arms $six ;;
+    bench-families-bs)
+      matrix step_families_b2_b32 --models yolox-t rtmdet-t --batches 2 32 --arms float16,float16+graph ;;
+    train-yolo9)
+      train yolo9t_640 model=yolo9-t imgsz=640 batch=16 nbs=16 epochs=100 workers=8 eval_interval=10 amp_dtype=float16 ;;
+    train-yolox)
+      train yoloxt_640 model=yolox-t imgsz=640 batch=16 nbs=16 epochs=120 workers=8 eval_interval=10 \
+        amp_dtype=float16 mixup=0 cuda_graph=true ;;
+    train-rtmdet)
+      train rtmdett_640 model=rtmdet-t imgsz=640 batch=16 nbs=16 epochs=120 workers=8 eval_interval=10 amp_dtype=float16 ;;
+    finetune)
+      train pre_yolo9t model=yolo9-t imgsz=640 batch=16 nbs=16 epochs=40 workers=8 eval_interval=40 amp_dtype=float16
+      for run in "eager 0" "graph 0" "eager 1"; do
+        set -- $run
+        extra=""; [ "$1" = graph ] && extra="cuda_graph=true"
+        train "ft_$1_seed$2" model="$runs/pre_yolo9t/weights/best.pt" imgsz=640 batch=8 nbs=8 epochs=20 workers=4 \
+          eval_interval=20 amp_dtype=float16 seed="$2" $extra
+      done ;;
     *)
-      echo "unknown stage '$stage' (tests, bench-t8, bench, train)" >&2; exit 2 ;;
+      echo "unknown stage '$1'" >&2; return 2 ;;
   esac
+}
+
+for stage in "$@"; do
+  if [ -n "${DEADLINE:-}" ]; then
+    left=$(( DEADLINE - $(date +%s) ))
+    if [ "$left" -le 5 ]; then echo "SKIPPED $stage (deadline)" | tee -a "$out/skipped.txt"; continue; fi
+    echo "== $stage on GPU $gpu ($left s left)"
+    export -f stage_run matrix train; export out runs six
+    timeout "$left" bash -c "stage_run $stage" || echo "stage $stage ended rc=$? (124 = deadline)" | tee -a "$out/skipped.txt"
+  else
+    echo "== $stage on GPU $gpu"
+    stage_run "$stage"
+  fi
 done

@@ -18,17 +18,19 @@ from libreyolo.bench import bench_step
 
 def markdown(records: list[dict]) -> str:
     lines = ["| model | batch | arm | precision | step ms (min / median) | kernel busy ms | utilisation | "
-             "synced fwd / loss / bwd / opt+ema ms | network share | peak MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "synced fwd / loss / bwd / opt+ema ms | network share | peak MiB | graph replays |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         s = r["synced_ms"]
         busy = "-" if r["kernel_busy_ms"] is None else f"{r['kernel_busy_ms']:.1f}"
         util = "-" if r["utilisation"] is None else f"{r['utilisation']:.2f}"
         peak = "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.0f}"
+        g = r.get("graph") or {}
+        replays = f"{g['replayed_steps']}/{g['replayed_steps'] + g['eager_steps']}" if g.get("requested") else "-"
         lines.append(f"| {r['arch']} | {r['batch']} | {r['arm']} | {r['precision']} | "
                      f"{r['step_ms_min']:.1f} / {r['step_ms_median']:.1f} | {busy} | {util} | "
                      f"{s['forward']:.1f} / {s['loss']:.1f} / {s['backward']:.1f} / {s['optimizer+ema']:.1f} | "
-                     f"{r['network_share']:.2f} | {peak} |")
+                     f"{r['network_share']:.2f} | {peak} | {replays} |")
     return "\n".join(lines)
 
 
@@ -50,9 +52,9 @@ def main() -> None:
             got = bench_step(user, args.arms.split(","), steps=args.steps, warmup=args.warmup)
             records += got
             print("\n".join(markdown(got).splitlines()[2:]), file=sys.stderr, flush=True)  # progress
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(records, indent=1))
+            if args.out:  # after every (model, batch): a time-boxed session keeps what finished
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(records, indent=1))
     print(markdown(records))
 
 

@@ -33,7 +33,8 @@ from typing import Any
 
 _T0 = time.perf_counter()  # process start, for the per-stage wall times of an arm
 
-# Arms are deltas on the user's config. `eager` is the config as given.
+# Arms are deltas on the user's config. `eager` is the config as given. Deltas combine with '+':
+# `bfloat16+graph` is the bfloat16 arm with CUDA graphs on.
 ARMS: dict[str, dict[str, Any]] = {
     "eager": {},
     "fp32": {"amp": False},
@@ -41,6 +42,18 @@ ARMS: dict[str, dict[str, Any]] = {
     "bfloat16": {"amp": True, "amp_dtype": "bfloat16"},
     "graph": {"cuda_graph": True},
 }
+
+
+def arm_delta(arm: str) -> dict[str, Any]:
+    """The config delta of an arm name such as `float16+graph`; ConfigError for an unknown part."""
+    from .errors import ConfigError
+
+    delta: dict[str, Any] = {}
+    for part in arm.split("+"):
+        if part not in ARMS:
+            raise ConfigError(f"unknown arm '{arm}' (arms: {', '.join(ARMS)}, combined with '+' as in float16+graph)")
+        delta.update(ARMS[part])
+    return delta
 
 
 def prepare(user: dict[str, Any], workdir: Path) -> dict[str, Any]:
@@ -99,7 +112,7 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
     from .profiler.analyze import gpu_intervals, union_length
 
     meta = json.loads((workdir / "meta.json").read_text())
-    cfg = build_config({**meta["config"], **ARMS[arm]})
+    cfg = build_config({**meta["config"], **arm_delta(arm)})
     device = select_device(cfg.device)
     seed_everything(cfg.seed, cfg.deterministic)
     spec = get_family(meta["family"])
@@ -179,6 +192,7 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
         "kernel_busy_ms": busy_ms, "utilisation": None if busy_ms is None else busy_ms / median,
         "synced_ms": phases, "network_share": network / max(sum(phases.values()), 1e-9),
         "peak_mem_mb": peak_mb,
+        "graph": ctx.graphs.stats() if ctx.graphs is not None else None,  # replayed vs eager steps
         "stage_seconds": {k: round(v, 2) for k, v in stage_s.items()},  # where the arm's wall time went
     }
 
@@ -188,8 +202,7 @@ def bench_step(user: dict[str, Any], arms: list[str], steps: int = 24, warmup: i
     from .errors import ConfigError
 
     for arm in arms:
-        if arm not in ARMS:
-            raise ConfigError(f"unknown arm '{arm}' (allowed: {', '.join(ARMS)})")
+        arm_delta(arm)  # every arm name is checked before any work starts
     log = logging.getLogger("libreyolo")
     with tempfile.TemporaryDirectory(prefix="libreyolo-bench-") as tmp:
         workdir = Path(tmp)

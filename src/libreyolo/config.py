@@ -93,14 +93,6 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# Keys whose feature is planned but not in this version: setting them to a non-default value is an
-# error that says so, never a silent no-op.
-UNAVAILABLE: dict[str, str] = {
-    # engine/graphs.py exists and is CPU-tested; the key opens once tests/gpu/test_graphs_gpu.py
-    # has passed on a GPU (a wrong capture would silently corrupt training, not crash it).
-    "cuda_graph": "CUDA graph capture is not available in this version yet",
-}
-
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _HINTS = typing.get_type_hints(TrainConfig)
 VAL_KEYS = tuple(k for k, f in FIELDS.items() if f.metadata["val"])
@@ -184,9 +176,6 @@ def build_config(user: dict[str, Any], family_defaults: dict[str, Any] | None = 
         values[key] = check_value(key, value)
     for key, value in user.items():
         values[key] = check_value(key, value)
-    for key, why in UNAVAILABLE.items():
-        if key in user and user[key] != FIELDS[key].default:
-            raise ConfigError(f"'{key}={user[key]}' cannot be honoured: {why}")
     cfg = TrainConfig(**values)
     if cfg.imgsz % 32:
         raise ConfigError(f"bad value for 'imgsz': {cfg.imgsz} (allowed: a multiple of 32)")

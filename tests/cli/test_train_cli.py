@@ -99,10 +99,14 @@ def test_python_api(tmp_path, monkeypatch):
 
 def test_bench_step_cpu(cli):
     result = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "amp=false",
-                 "--steps", "3", "--warmup", "1", "arms=eager,fp32", "--json")
+                 "--steps", "3", "--warmup", "1", "arms=eager,fp32+graph", "--json")
     assert result.returncode == 0, result.stderr
     records = json.loads(result.stdout)
-    assert [r["arm"] for r in records] == ["eager", "fp32"]
+    assert [r["arm"] for r in records] == ["eager", "fp32+graph"]
+    # Graphs need CUDA: on a CPU the graph arm trains eager and its record says why.
+    assert records[0]["graph"]["enabled"] is False and records[0]["graph"]["fallback_reason"] is None
+    assert "CUDA device" in records[1]["graph"]["fallback_reason"]
+    assert records[1]["graph"]["replayed_steps"] == 0
     for r in records:
         assert r["step_ms_min"] <= r["step_ms_median"]
         assert r["kernel_busy_ms"] is None and r["utilisation"] is None  # no CUDA here
@@ -112,8 +116,9 @@ def test_bench_step_cpu(cli):
     table = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "--steps", "2", "--warmup", "1")
     assert table.returncode == 0, table.stderr
     assert "step ms (min/med)" in table.stdout and "yolo9-t" in table.stdout
-    bad = cli("bench", "step", "model=yolo9-t", "arms=turbo")
-    assert bad.returncode == 2 and "unknown arm 'turbo'" in bad.stderr
+    for arms in ("turbo", "float16+turbo"):
+        bad = cli("bench", "step", "model=yolo9-t", f"arms={arms}")
+        assert bad.returncode == 2 and f"unknown arm '{arms}'" in bad.stderr
 
 
 @pytest.mark.parametrize("model", ["yolox-n", "rtmdet-t"])

@@ -54,7 +54,6 @@ def _contexts(amp=True, amp_dtype="float16", channels_last=False, max_graphs=1):
             model = model.to(memory_format=torch.channels_last)
         out.append((model, build_step_context(cfg, spec, model, DEVICE)))
     (_, eager), (model, graphed) = out
-    # build_config refuses cuda_graph=True until the lead wires it; the manager only reads the flag.
     manager = GraphManager.for_run(model, dataclasses.replace(cfg, cuda_graph=True), spec, DEVICE,
                                    graphed.precision)
     manager.max_graphs = max_graphs

@@ -221,7 +221,7 @@ def test_stats_report_replays_shapes_and_pool():
         step(manager, images())
     for _ in range(3):
         step(manager, images(size=16))
-    assert manager.stats() == {"enabled": True, "replayed_steps": 3, "eager_steps": 4,
+    assert manager.stats() == {"requested": True, "enabled": True, "replayed_steps": 3, "eager_steps": 4,
                                "captured_shapes": [[2, 3, 8, 8], [2, 3, 16, 16]], "pool_mb": 14.0,
                                "fallback_reason": None}
 
@@ -269,7 +269,7 @@ def test_supported_run_is_armed_silently_and_off_when_not_requested(libreyolo_lo
     assert manager.step_callable is manager and manager.enabled
     off = GraphManager.for_run(MODEL, SimpleNamespace(cuda_graph=False), FAMILY, CUDA, PRECISION)
     assert off.step_callable is MODEL.capturable
-    assert off.stats() == {"enabled": False, "replayed_steps": 0, "eager_steps": 0, "captured_shapes": [],
+    assert off.stats() == {"requested": False, "enabled": False, "replayed_steps": 0, "eager_steps": 0, "captured_shapes": [],
                            "pool_mb": None, "fallback_reason": None}
     assert lines(libreyolo_log) == []
 

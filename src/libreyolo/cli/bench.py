@@ -15,7 +15,8 @@ bench_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_
 @bench_app.command(context_settings=EXTRA)
 @user_errors
 def step(ctx: typer.Context,
-         arms: str = typer.Option("eager", help="Comma-separated arms: eager, fp32, float16, bfloat16, graph."),
+         arms: str = typer.Option("eager", help="Comma-separated arms: eager, fp32, float16, bfloat16, graph; "
+                                                 "combine with '+', e.g. float16,float16+graph."),
          steps: int = typer.Option(24, min=2, help="Timed steps per arm."),
          warmup: int = typer.Option(10, min=1, help="Warm-up steps per arm before timing."),
          as_json: bool = typer.Option(False, "--json", help="One JSON list of per-arm records on stdout.")) -> None:

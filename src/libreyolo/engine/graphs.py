@@ -212,7 +212,7 @@ class GraphManager:
     def stats(self) -> dict[str, Any]:
         pools = [g.pool_mb for g in self._graphs.values()]
         known = [p for p in pools if p is not None]
-        return {"enabled": self.enabled,
+        return {"requested": self.requested, "enabled": self.enabled,
                 "replayed_steps": self.replayed_steps,
                 "eager_steps": self.eager_steps,
                 "captured_shapes": [list(key[0]) for key in self._graphs],
