@@ -8,8 +8,8 @@ Method (what every figure in docs/training-performance.md means):
   recorded at the start of each step, the host synchronises once at the end, and step i's time is
   the gap between consecutive start events (on a CPU, host clocks around each step). We report the
   fastest and the median;
-- kernel busy time: the same number of steps again under the PyTorch profiler with CUDA activity
-  only; the union of kernel/memcpy/memset intervals per step. Utilisation = busy / median step;
+- kernel busy time: up to 8 more steps under the PyTorch profiler with CUDA activity only; the
+  union of kernel/memcpy/memset intervals per step. Utilisation = busy / median step;
 - synced breakdown: the same number of steps again with a device synchronisation around each
   phase (forward, loss, backward, optimizer+EMA); it adds idle time, so it explains the step's
   composition, never its speed;
@@ -41,7 +41,12 @@ ARMS: dict[str, dict[str, Any]] = {
     "float16": {"amp": True, "amp_dtype": "float16"},
     "bfloat16": {"amp": True, "amp_dtype": "bfloat16"},
     "graph": {"cuda_graph": True},
+    "nchw": {"channels_last": False},
+    "nhwc": {"channels_last": True},
 }
+# Kernel busy time comes from a profiled run of this many steps (at most `steps`): the trace of a
+# launch-heavy step is large, and busy time per step varies far less than step time does.
+PROFILED_STEPS = 8
 
 
 def arm_delta(arm: str) -> dict[str, Any]:
@@ -161,14 +166,15 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
     if cuda:
         from torch.profiler import ProfilerActivity, profile
 
+        profiled = min(steps, PROFILED_STEPS)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
+            for _ in range(profiled):
                 train_step(ctx, batch, update=True)
             sync()
         with tempfile.TemporaryDirectory() as tmp:
             trace_path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(trace_path))
-            busy_ms = union_length(gpu_intervals(trace_path)) / 1e3 / steps
+            busy_ms = union_length(gpu_intervals(trace_path)) / 1e3 / profiled
 
     stage_s["profiled"] = time.perf_counter() - t_stage
     t_stage = time.perf_counter()
@@ -211,7 +217,7 @@ def bench_step(user: dict[str, Any], arms: list[str], steps: int = 24, warmup: i
         for i, arm in enumerate(arms, 1):
             # Progress on stderr: an arm is a fresh process (import, CUDA init, cuDNN autotune,
             # profiler start-up), tens of seconds each on a GPU.
-            log.info(f"bench: arm {i}/{len(arms)} '{arm}' ({warmup} warm-up + 3 x {steps} steps)")
+            log.info(f"bench: arm {i}/{len(arms)} '{arm}' ({warmup} warm-up + 2 x {steps} + {min(steps, PROFILED_STEPS)} profiled steps)")
             proc = subprocess.run([sys.executable, "-m", "libreyolo.bench", str(workdir), arm, str(steps), str(warmup)],
                                   capture_output=True, text=True, env={**os.environ})
             lines = proc.stdout.strip().splitlines()

@@ -72,7 +72,9 @@ class TrainConfig:
     amp: bool = _key(True, "mixed precision on CUDA (ignored with one log line on CPU)", group="speed", val=True)
     amp_dtype: Literal["float16", "bfloat16"] = _key("float16", "autocast dtype: float16 (with loss scaling) or bfloat16", group="speed", val=True)
     cuda_graph: bool = _key(False, "capture the network's forward+backward in CUDA graphs", group="speed")
-    channels_last: bool = _key(False, "use channels_last memory format for images and weights", group="speed")
+    # NHWC is cuDNN's native layout for fp16/bf16 convolutions on Volta and newer: in NCHW, cuDNN
+    # wraps convolutions in layout transposes (measured on the H200, docs/training-performance.md).
+    channels_last: bool = _key(True, "channels_last (NHWC) memory format for images and weights", group="speed")
     profile: bool = _key(False, "profile a window of training steps and write a report", group="speed")
     profile_skip: int = _key(5, "profiler: steps to skip before the window", lo=0, group="speed")
     profile_steps: int = _key(20, "profiler: steps in the window (first half unsynchronised, second synced)", lo=2, group="speed")

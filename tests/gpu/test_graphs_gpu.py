@@ -3,12 +3,12 @@
 Both runs start from the same weights and see the same batches; cuDNN is put in deterministic
 mode so the two runs pick the same kernels, leaving graph-vs-eager as the only difference.
 
-Tolerances (first calibration, to be tightened from the printed figures of the first H200 run):
-a graph replays the very kernels eager launches, so a replayed step should match eager to
-rounding; after 20 SGD steps the runs may drift by accumulated rounding of the cast points.
-- loss items, every step: rtol 1e-3 in float32, 2e-2 under float16/bfloat16 autocast;
-- what 20 steps did to the weights, and the gradients of one more micro-batch (relative L2 over
-  all parameters): 1e-3 float32, 3e-2 float16, 6e-2 bfloat16.
+Tolerance: a replay launches the very kernels eager launches, on the same inputs, so with
+deterministic cuDNN the two runs agree to rounding. Measured on the H200 (torch 2.11, cuDNN 9.19):
+loss items and the 20-step weight updates identical (0.0) in float32, float16 and bfloat16, and
+the gradients of one more micro-batch within 1e-9 relative L2 in float32 (0.0 under autocast).
+We allow 1e-5 (relative) for every check, which leaves room for another GPU's kernel choice while
+still catching a capture bug (a stale buffer or a lost BN update changes results outright).
 """
 
 import dataclasses
@@ -26,8 +26,7 @@ from libreyolo.families import get_family
 pytestmark = pytest.mark.gpu
 
 DEVICE = torch.device("cuda")
-LOSS_RTOL = {None: 1e-3, "float16": 2e-2, "bfloat16": 2e-2}
-GRAD_RTOL = {None: 1e-3, "float16": 3e-2, "bfloat16": 6e-2}
+RTOL = 1e-5
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +86,7 @@ def test_graphed_training_matches_eager(amp, amp_dtype, channels_last):
         a = train_step(eager, batch, update)
         b = train_step(graphed, batch, update)
         worst = max(worst, float(((a - b).abs() / a.abs().clamp_min(1e-6)).max()))
-        torch.testing.assert_close(b, a, rtol=LOSS_RTOL[key], atol=1e-5, msg=f"step {i}")
+        torch.testing.assert_close(b, a, rtol=RTOL, atol=1e-5, msg=f"step {i}")
     # What 20 steps did to the weights (float16 steps skipped for overflow are skipped in both).
     update_rel = _rel(_flat(graphed.params) - init, _flat(eager.params) - init)
     train_step(eager, synthetic_batch(seed=7), update=False)
@@ -98,8 +97,8 @@ def test_graphed_training_matches_eager(amp, amp_dtype, channels_last):
     stats = manager.stats()
     print(f"\n[{key or 'float32'}{' channels_last' if channels_last else ''}] worst loss-item rel diff "
           f"{worst:.2e}, weight-update rel L2 {update_rel:.2e}, grad rel L2 {grad_rel}, stats {stats}")
-    assert update_rel < GRAD_RTOL[key]
-    assert grad_rel is None or grad_rel < GRAD_RTOL[key]
+    assert update_rel < RTOL
+    assert grad_rel is None or grad_rel < RTOL
     assert stats["enabled"] and stats["replayed_steps"] == 19 and stats["eager_steps"] == 2
     assert stats["captured_shapes"] == [[8, 3, 256, 256]] and stats["pool_mb"] > 0
 
@@ -146,7 +145,10 @@ def test_failed_backward_replay_recomputes_and_continues_eager():
     stats = manager.stats()
     assert "planted backward replay failure" in stats["fallback_reason"]
     assert stats["replayed_steps"] == 2  # the capturing step, and the step whose backward failed
-    assert _rel(_flat_grads(graphed), _flat_grads(eager)) < GRAD_RTOL["bfloat16"]
+    # The failed step's gradients were recomputed eagerly from the replayed forward's inputs.
+    rel = _rel(_flat_grads(graphed), _flat_grads(eager))
+    print(f"\nrecomputed-step grad rel L2 vs eager: {rel:.2e}")
+    assert rel < 1e-3
 
 
 def test_multi_size_inputs_never_crash():

@@ -98,7 +98,9 @@ def test_utilisation_matches_hta_busy_time(eager, tmp_path, monkeypatch):
     (tmp_path / "hta").mkdir()
     shutil.copy(run / "profile_trace.json", tmp_path / "hta" / "rank0.json")
     breakdown = TraceAnalysis(trace_dir=str(tmp_path / "hta")).get_temporal_breakdown(visualize=False)
-    hta_busy_us = float((breakdown["kernel_time(ns)"] - breakdown["idle_time(ns)"]).iloc[0]) / 1e3
+    # HTA 0.5 reports microseconds, earlier releases nanoseconds: take whichever this one has.
+    unit, scale = next((u, s) for u, s in (("us", 1.0), ("ns", 1e-3)) if f"kernel_time({u})" in breakdown)
+    hta_busy_us = float((breakdown[f"kernel_time({unit})"] - breakdown[f"idle_time({unit})"]).iloc[0]) * scale
     # HTA drops the last profiler step; compare busy microseconds over the steps it keeps, as
     # utilisation points of our step time (its percentages divide by its GPU-active span instead).
     _, spans = _step_spans(trace)

@@ -43,3 +43,23 @@ def test_last_epoch_always_validates():
     t.epoch = 2
     ValidationHook().after_epoch(t)
     assert t.validated_epoch == 2 and t.improved
+
+
+def test_skipped_steps_are_said_only_for_epochs_that_skipped(tmp_path, caplog):
+    from libreyolo.engine.hooks import ResultsHook
+
+    counts = iter([3, 8, 8, 8, 9])  # the scaler's running total: 3 before this run (a resume)
+    t = SimpleNamespace(epoch=0, metrics={}, validated_epoch=-1, run_dir=tmp_path, epoch_losses=lambda: {"box": 1.0},
+                        optimizer=SimpleNamespace(param_groups=[{"lr": 0.01}]),
+                        precision=SimpleNamespace(skipped_steps=lambda: next(counts)))
+    hook = ResultsHook()
+    with caplog.at_level("INFO", logger="libreyolo"):
+        for epoch in range(4):
+            t.epoch = epoch
+            hook.before_epoch(t)
+            hook.after_epoch(t)
+    said = [r.getMessage() for r in caplog.records if "scaler" in r.getMessage()]
+    assert said == ["epoch 1: float16 loss scaler skipped 5 steps for overflow (8 in all)",
+                    "epoch 4: float16 loss scaler skipped 1 steps for overflow (9 in all)"]
+    rows = (tmp_path / "results.csv").read_text().splitlines()
+    assert [r.rsplit(",", 1)[1] for r in rows] == ["skipped_steps", "8", "8", "8", "9"]

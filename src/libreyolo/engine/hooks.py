@@ -117,6 +117,8 @@ class ResultsHook(Hook):
 
     def before_epoch(self, trainer: Trainer) -> None:
         self._t0 = time.perf_counter()
+        if not hasattr(self, "_skipped_before"):  # first epoch of this process (a resume counts on)
+            self._skipped_before = trainer.precision.skipped_steps()
 
     def after_epoch(self, trainer: Trainer) -> None:
         row = {"epoch": trainer.epoch + 1}
@@ -134,8 +136,11 @@ class ResultsHook(Hook):
             if new:
                 writer.writeheader()
             writer.writerow(row)
-        if row["skipped_steps"]:
-            log.info(f"epoch {row['epoch']}: float16 loss scaler skipped {row['skipped_steps']} steps so far (overflow)")
+        new_skips = row["skipped_steps"] - self._skipped_before
+        self._skipped_before = row["skipped_steps"]
+        if new_skips:  # said only for epochs that skipped: the usual early overflows are one line each
+            log.info(f"epoch {row['epoch']}: float16 loss scaler skipped {new_skips} steps for overflow "
+                     f"({row['skipped_steps']} in all)")
 
 
 class CheckpointHook(Hook):
