@@ -11,9 +11,10 @@
 #   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh bench-t8 bench-families; wait
 #
 # Stages:
-#   tests            every @pytest.mark.gpu test (tests/gpu)
+#   tests            every @pytest.mark.gpu test (tests/gpu); TESTS_K=EXPR selects (pytest -k)
 #   profile          `libreyolo profile run` YOLOv9-t batch 8 at 640 float16, eager and graphed
-#   bench-t8         bench step YOLOv9-t batch 8: fp32 / float16 / bfloat16, each eager and graphed
+#   bench-t8         bench step YOLOv9-t batch 8: fp32 / float16 / bfloat16, each eager and graphed,
+#                    and float16 in NCHW (channels_last=false), eager and graphed
 #   bench-families   bench step YOLOX-t and RTMDet-t batch 8 float16, eager and graphed
 #   bench-matrix     bench step YOLOv9-t batch 2, 32 and YOLOv9-s batch 2, 8, 32, six arms each
 #   bench-families-bs  bench step YOLOX-t and RTMDet-t batch 2 and 32 float16, eager and graphed
@@ -21,6 +22,7 @@
 #   train-yolox      YOLOX-t from scratch on shapes at 640, float16, graphed (capture invalidated
 #                    and re-taken when the L1 branch turns on at no_aug_epochs)
 #   train-rtmdet     RTMDet-t from scratch on shapes at 640, float16
+#   yolox-invalidate YOLOX-t graphed, 12 epochs with no_aug_epochs=4: capture, invalidate, re-capture
 #   finetune         YOLOv9-t: 40 epochs from scratch, then 20-epoch fine-tunes at batch 8, 640,
 #                    workers 4: eager (seeds 0 and 1) and graphed (seed 0); wall time + mAP
 #
@@ -68,7 +70,8 @@ six=fp32,fp32+graph,float16,float16+graph,bfloat16,bfloat16+graph
 stage_run() {
   case "$1" in
     tests)
-      python3 -m pytest -q -m gpu tests/gpu -rA -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.txt" | tail -60 ;;
+      python3 -m pytest -q -m gpu tests/gpu -rA -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} 2>&1 \
+        | tee "$out/gpu_tests.txt" | tail -60 ;;
     profile)
       for arm in eager graph; do
         extra=""; [ "$arm" = graph ] && extra="cuda_graph=true"
@@ -80,7 +83,7 @@ stage_run() {
         tail -30 "$out/profile_$arm.log"
       done ;;
     bench-t8)
-      matrix step_yolo9t_b8 --models yolo9-t --batches 8 --arms $six ;;
+      matrix step_yolo9t_b8 --models yolo9-t --batches 8 --arms $six,float16+nchw,float16+nchw+graph ;;
     bench-families)
       matrix step_families_b8 --models yolox-t rtmdet-t --batches 8 --arms float16,float16+graph ;;
     bench-matrix)
@@ -95,6 +98,9 @@ stage_run() {
         amp_dtype=float16 mixup=0 cuda_graph=true ;;
     train-rtmdet)
       train rtmdett_640 model=rtmdet-t imgsz=640 batch=16 nbs=16 epochs=120 workers=8 eval_interval=10 amp_dtype=float16 ;;
+    yolox-invalidate)
+      train yoloxt_invalidate model=yolox-t imgsz=640 batch=16 nbs=16 epochs=12 no_aug_epochs=4 workers=8 \
+        eval_interval=12 amp_dtype=float16 mixup=0 cuda_graph=true ;;
     finetune)
       train pre_yolo9t model=yolo9-t imgsz=640 batch=16 nbs=16 epochs=40 workers=8 eval_interval=40 amp_dtype=float16
       for run in "eager 0" "graph 0" "eager 1"; do
