@@ -17,6 +17,8 @@
 #                    and float16 in NCHW (channels_last=false), eager and graphed
 #   bench-families   bench step YOLOX-t and RTMDet-t batch 8 float16, eager and graphed
 #   bench-matrix     bench step YOLOv9-t batch 2, 32 and YOLOv9-s batch 2, 8, 32, six arms each
+#   bench:MODEL:B    bench step MODEL at batch B, the six precision x graph arms (bench:yolo9-s:32)
+#   diag             host launch cost and an eager YOLOv9-t step's CPU time by op (benchmarks/host_diag.py)
 #   bench-families-bs  bench step YOLOX-t and RTMDet-t batch 2 and 32 float16, eager and graphed
 #   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, 100 epochs
 #   train-yolox      YOLOX-t from scratch on shapes at 640, float16, graphed (capture invalidated
@@ -109,6 +111,11 @@ stage_run() {
         train "ft_$1_seed$2" model="$runs/pre_yolo9t/weights/best.pt" imgsz=640 batch=8 nbs=8 epochs=20 workers=4 \
           eval_interval=20 amp_dtype=float16 seed="$2" $extra
       done ;;
+    bench:*:*)
+      IFS=: read -r _ model batch <<< "$1"
+      matrix "step_${model}_b$batch" --models "$model" --batches "$batch" --arms $six ;;
+    diag)
+      python3 benchmarks/host_diag.py > "$out/host_diag.txt" 2>&1; head -8 "$out/host_diag.txt" ;;
     *)
       echo "unknown stage '$1'" >&2; return 2 ;;
   esac
