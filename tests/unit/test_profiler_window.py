@@ -212,3 +212,24 @@ def test_kernels_launched_late_in_a_step_count_for_that_step():
     figures = analyse_first_half(steps, events, syncs, True, 4, "float32")
     assert figures["utilisation"] == pytest.approx(0.9, abs=0.01)
     assert [s["kernels"] for s in steps] == [90] * 4 and A.stats(s["busy_ms"] for s in steps)["mean"] == pytest.approx(9.0)
+
+
+def test_overhead_compares_the_window_with_skipped_steps_of_the_same_kind():
+    hook = ProfilerHook(skip=6, steps=8)  # first half: 4 steps
+    # Step durations (ms): 0 warm-up, 1-2 eager, 3 captures (its replay counts too), 4 replayed,
+    # 5 holds the profiler start, 6-9 the profiled first half (all replayed).
+    durations = [500, 40, 40, 900, 20, 60, 22, 22, 22, 22]
+    replays = [0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7]  # counters read before each step
+    captures = [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1]
+    hook.marks = [sum(durations[:i]) / 1e3 for i in range(len(durations) + 1)]
+    hook.graph_counts = list(zip(replays, captures))
+    o = hook._overhead()
+    assert o["graphed"] is True and o["reference_ms"] == pytest.approx([20.0])
+    assert o["profiled_ms"] == pytest.approx([22.0] * 3) and o["fraction"] == pytest.approx(0.1)
+
+    hook.graph_counts = [(0, 0)] * len(hook.marks)  # the same steps, all eager: the warm-up stays out
+    o = hook._overhead()
+    assert o["graphed"] is False and o["reference_ms"] == pytest.approx([40.0, 40.0, 900.0, 20.0])
+    hook.graph_counts = list(zip([0, 0, 0, 0, 1, 1, 1, 2, 3, 4, 5], [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1]))
+    o = hook._overhead()  # graphed window, but no replayed skip step besides the capture
+    assert o["fraction"] is None and "raise profile_skip" in o["note"]

@@ -117,6 +117,7 @@ class ProfilerHook(Hook):
         self.state = "skip"  # skip -> first -> second -> done
         self.seen = 0
         self.marks: list[float] = []  # before_step times: the overhead comparison
+        self.graph_counts: list[tuple[int, int]] = []  # (replays, captures) at each mark
         self.window: list[dict] = []  # one record per window step
         self.profile: dict | None = None
         self.recorder: _Recorder | None = None
@@ -136,6 +137,8 @@ class ProfilerHook(Hook):
         if self.state == "done":
             return
         self.marks.append(time.perf_counter())
+        graphs = getattr(trainer, "graphs", None)
+        self.graph_counts.append((getattr(graphs, "replayed_steps", 0), getattr(graphs, "captures", 0)))
         if self.state != "skip":
             self.window.append({"iteration": trainer.iteration, "epoch": trainer.epoch})
 
@@ -275,17 +278,29 @@ class ProfilerHook(Hook):
         return steps
 
     def _overhead(self) -> dict:
-        """Median step interval of the profiled first half against the unprofiled skip steps.
+        """Median step interval of the profiled first half against unprofiled skip steps of the
+        same kind.
 
-        Intervals between consecutive `before_step` calls. Left out: the first skip step (warm-up)
-        and any interval that contains one of our boundary syncs or the profiler's start.
+        Intervals between consecutive `before_step` calls. The reference leaves out the first skip
+        step (warm-up), any interval that contains one of our boundary syncs or the profiler's
+        start, a step that captured a CUDA graph, and steps of the other kind: under cuda_graph
+        the skip steps before the capture run eager, and comparing those with replayed window
+        steps would report the graph's speed-up as a negative overhead.
         """
         iv = [b - a for a, b in zip(self.marks, self.marks[1:])]
-        ref = [x * 1e3 for x in iv[1:max(self.skip - 1, 1)]]
-        prof = [x * 1e3 for x in iv[self.skip:self.skip + self.first - 1]]
-        out = {"reference_ms": ref, "profiled_ms": prof, "fraction": None}
+        replayed = [b[0] > a[0] for a, b in zip(self.graph_counts, self.graph_counts[1:])]
+        captured = [b[1] > a[1] for a, b in zip(self.graph_counts, self.graph_counts[1:])]
+        window = range(self.skip, self.skip + self.first - 1)
+        prof = [iv[i] * 1e3 for i in window if i < len(iv)]
+        graphed = sum(replayed[i] for i in window if i < len(iv)) * 2 > len(prof)  # the window's kind
+        ref = [iv[i] * 1e3 for i in range(1, max(self.skip - 1, 1))
+               if i < len(iv) and not captured[i] and replayed[i] == graphed]
+        out = {"reference_ms": ref, "profiled_ms": prof, "fraction": None, "graphed": graphed}
         if ref and prof:
             out["fraction"] = A.stats(prof)["median"] / A.stats(ref)["median"] - 1.0
+        elif graphed:
+            out["note"] = ("no replayed CUDA-graph step among the skipped steps to compare with: raise "
+                           "profile_skip (capture happens at a shape's third step)")
         else:
             out["note"] = "needs profile_skip >= 3 and profile_steps >= 4 to compare step times"
         return out
