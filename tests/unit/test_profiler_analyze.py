@@ -124,6 +124,9 @@ def _figures(**kw):
 def test_verdict_rules():
     assert A.verdict(_figures())["name"] == "launch-bound"
     assert "cuda_graph=True" in A.verdict(_figures())["lever"]
+    graphed = A.verdict(_figures(graphed=True))  # graphs already on: never suggest turning them on
+    assert graphed["name"] == "launch-bound" and "cuda_graph" not in graphed["lever"]
+    assert "already runs as a CUDA graph" in graphed["reason"] and "loss 3.0 ms" in graphed["lever"]
     assert A.verdict(_figures(utilisation=A.COMPUTE_BOUND_UTIL))["name"] == "compute-bound"
     assert "larger batch" in A.verdict(_figures(utilisation=0.9))["lever"]
     assert "amp=True" in A.verdict(_figures(utilisation=0.9, precision="float32"))["lever"]

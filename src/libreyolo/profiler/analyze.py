@@ -306,9 +306,14 @@ def verdict(f: dict) -> dict:
                 "reason": (f"GPU idle {1 - util:.0%} of the step while the CPU does other work: "
                            f"{f['syncs_per_step']:.1f} host syncs per step; top host phases: {top}"),
                 "lever": "fix the code path (host syncs, CPU work in those phases); CUDA graphs help little"}
-    return {"name": "launch-bound",
-            "reason": (f"GPU busy {util:.0%}: idle between {f['kernels_per_step']:.0f} kernels per step "
-                       f"(median {f['kernel_median_us']:.0f} us) while the CPU launches them"),
+    reason = (f"GPU busy {util:.0%}: idle between {f['kernels_per_step']:.0f} kernels per step "
+              f"(median {f['kernel_median_us']:.0f} us) while the CPU launches them")
+    if f.get("graphed"):
+        # The network already replays as one graph: what still launches one kernel at a time is
+        # the eager part of the step (loss, its backward, optimizer, EMA).
+        return {"name": "launch-bound", "reason": f"{reason}; the network already runs as a CUDA graph",
+                "lever": f"a larger batch (amortises the eager loss/optimizer launches; top host phases: {top})"}
+    return {"name": "launch-bound", "reason": reason,
             "lever": "cuda_graph=True (launch the network as one graph), or a larger batch"}
 
 
@@ -334,9 +339,9 @@ def _fill_first_half(first: list[dict], events: list[dict], syncs: list[float], 
 
 
 def analyse_first_half(steps: list[dict], events: list[dict], syncs: list[float], cuda: bool,
-                       workers: int, precision: str) -> dict:
+                       workers: int, precision: str, graphed: bool = False) -> dict:
     """The window's utilisation, idle split and verdict from the unsynchronised half (per-step
-    figures are filled into `steps` too)."""
+    figures are filled into `steps` too). `graphed`: the window's steps replayed a CUDA graph."""
     first = [s for s in steps if s["half"] == 1]
     groups = _fill_first_half(first, events, syncs, cuda)
     n = len(first)
@@ -353,7 +358,8 @@ def analyse_first_half(steps: list[dict], events: list[dict], syncs: list[float]
          "idle_data_ms": min(data, max(wall - busy, 0.0)) / n, "idle_short_ms": short / 1e3 / n,
          "idle_long_ms": long / 1e3 / n, "syncs_per_step": sum(s["syncs"] for s in first) / n,
          "kernels_per_step": len(durs) / n, "kernel_median_us": stats(durs)["median"] or 0.0,
-         "host_phases": sorted(host.items(), key=lambda kv: -kv[1]), "workers": workers, "precision": precision}
+         "host_phases": sorted(host.items(), key=lambda kv: -kv[1]), "workers": workers, "precision": precision,
+         "graphed": graphed}
     return {"basis": "kernel busy / unsynchronised step time" if cuda else "(step - data wait) / step time",
             "utilisation": f["utilisation"], "busy_ms": busy / n, "data_ms": data / n,
             "data_frac": data / max(wall, 1e-9), "step_ms": stats(s["wall_ms"] for s in first),

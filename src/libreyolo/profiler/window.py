@@ -325,7 +325,8 @@ def assemble(trainer, steps: list[dict], trace: dict, tid: int, window: dict, ov
     index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
     events = A.busy_events(trace, index)
     syncs = A.sync_times(trace, tid)
-    figures = A.analyse_first_half(steps, events, syncs, cuda, trainer.cfg.workers, trainer.precision.describe())
+    figures = A.analyse_first_half(steps, events, syncs, cuda, trainer.cfg.workers, trainer.precision.describe(),
+                                   graphed=bool(overhead.get("graphed")))
     A.second_half_phases(steps, events, cuda)
     memory = _memory(device)
     run = _run_metadata(trainer)
