@@ -1,4 +1,5 @@
-"""Generated documentation: docs/hyperparameters.md comes from TrainConfig (`libreyolo cfg --markdown`)."""
+"""Generated documentation: docs/hyperparameters.md comes from TrainConfig (`libreyolo cfg --markdown`);
+the CUDA-graph support matrix in docs/training-performance.md comes from the family specs."""
 
 from __future__ import annotations
 
@@ -48,3 +49,17 @@ def hyperparameters_markdown() -> str:
         lines += [f"| `{r['key']}` | `{r['default']}` | {_cell(r['type'])} | {r['doc']} |" for r in rows if r["group"] == group]
         lines.append("")
     return "\n".join(lines) + "\n" + PRECISION
+
+
+def capture_support_markdown() -> str:
+    """The CUDA-graph support matrix: family x task -> captured region, or eager and why."""
+    from .families import REGISTRY
+
+    rows = ["| family | task | CUDA-graph region | note |", "|---|---|---|---|"]
+    for spec in REGISTRY.values():
+        plan = spec.capture
+        region = plan.region if plan.region in ("network", "encoder") else "eager"
+        note = plan.note if region != "eager" else plan.reason
+        for task in spec.tasks:
+            rows.append(f"| {spec.display} | {task} | {region} | {_cell(note)} |")
+    return "\n".join(rows) + "\n"

@@ -201,3 +201,30 @@ def test_overfit_four_images(family):
     assert torch.isfinite(losses).all()
     assert losses[-1] < 0.5 * losses[0], losses.tolist()
     assert losses[-5:].mean() < 0.5 * losses[:5].mean()
+
+
+def test_capture_support_matrix_in_the_docs_is_generated():
+    from pathlib import Path
+
+    from libreyolo.docs import capture_support_markdown
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    table = capture_support_markdown()
+    assert table.count("\n") == 2 + sum(len(s.tasks) for s in REGISTRY.values())
+    for page in ("training-performance.md", "families.md"):
+        assert table in (docs / page).read_text(), f"paste capture_support_markdown() into docs/{page}"
+
+
+def test_capture_support_matrix_says_why_a_family_trains_eager(monkeypatch):
+    import dataclasses
+
+    from libreyolo import families
+    from libreyolo.docs import capture_support_markdown
+    from libreyolo.families.base import CapturePlan
+
+    eager = dataclasses.replace(REGISTRY["yolo9"], display="RT-DETR", tasks=("detect", "segment"),
+                                capture=CapturePlan("none", "dynamic query count | per image"))
+    monkeypatch.setattr(families, "REGISTRY", {"rtdetr": eager})
+    assert capture_support_markdown().splitlines()[2:] == [
+        "| RT-DETR | detect | eager | dynamic query count \\| per image |",
+        "| RT-DETR | segment | eager | dynamic query count \\| per image |"]

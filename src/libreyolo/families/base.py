@@ -45,10 +45,13 @@ class Targets(NamedTuple):
 
 @dataclass(frozen=True)
 class CapturePlan:
-    """What CUDA graphs may capture for a family: 'network', 'encoder' or 'none' (with a reason)."""
+    """What CUDA graphs may capture for a family: 'network', 'encoder' or 'none' (with a reason).
+
+    `note` is the user-facing remark in the support matrix (docs/training-performance.md)."""
 
     region: str
     reason: str = ""
+    note: str = ""
 
 
 @dataclass(frozen=True)

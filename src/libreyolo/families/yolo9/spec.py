@@ -20,5 +20,5 @@ SPEC = FamilySpec(
     # for the last 15 epochs (--close-mosaic 15). Optimiser, warmup and loss gains already match.
     defaults={"scale": 0.9, "mixup": 0.15, "no_aug_epochs": 15},
     # The whole network is static-shape and sync-free; loss and assigner stay eager.
-    capture=CapturePlan("network"),
+    capture=CapturePlan("network", note="the whole network; the TAL assigner and loss stay eager"),
 )
