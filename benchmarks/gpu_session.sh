@@ -6,9 +6,8 @@
 # Stages run in order on the GPU(s) CUDA_VISIBLE_DEVICES names. With DEADLINE=<epoch seconds>
 # set, each stage is cut off (timeout) at the deadline and later stages are skipped, so a
 # time-boxed device call still brings back everything that finished; a benchmark matrix writes
-# its JSON after every (model, batch). On a two-GPU machine run two lists side by side:
-#   CUDA_VISIBLE_DEVICES=0 bash benchmarks/gpu_session.sh tests profile &
-#   CUDA_VISIBLE_DEVICES=1 bash benchmarks/gpu_session.sh bench-t8 bench-families; wait
+# its JSON after every (model, batch). On a two-GPU machine, benchmarks/gpu_lanes.sh runs two
+# stage lists side by side (own GPU, own physical cores, one budget) and packs the results.
 #
 # Stages:
 #   tests            every @pytest.mark.gpu test (tests/gpu); TESTS_K=EXPR selects (pytest -k)
