@@ -29,6 +29,7 @@ SPEC = FamilySpec(
               "momentum": 0.9, "weight_decay": 0.05, "warmup_bias_lr": 0.0, "warmup_momentum": 0.9,
               "clip_grad": 0.0, "no_aug_epochs": 20, "box": 2.0, "cls": 1.0},
     # The whole network is static-shape and sync-free; loss and assigner stay eager.
-    capture=CapturePlan("network", note="the whole network, head convs shared across levels included; the "
-                                                 "assigner and loss stay eager"),
+    capture=CapturePlan("network", note=(
+        "the whole network, head convs shared across levels included; the "
+        "assigner and loss stay eager")),
 )

@@ -32,6 +32,7 @@ SPEC = FamilySpec(
         "box": 5.0, "cls": 1.0,
     },
     # The whole network is static-shape and sync-free; SimOTA and the loss stay eager.
-    capture=CapturePlan("network", note="the whole network; SimOTA and the loss stay eager; the L1 branch at "
-                                                "`no_aug_epochs` invalidates and re-captures"),
+    capture=CapturePlan("network", note=(
+        "the whole network; SimOTA and the loss stay eager; the L1 branch at "
+        "`no_aug_epochs` invalidates and re-captures")),
 )
