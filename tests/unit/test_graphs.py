@@ -305,7 +305,10 @@ class EmulatedBackend:
         module.train()
         static_out = tuple(torch.empty_like(o) for o in probe)
         static_grad_out = tuple(torch.empty_like(o) for o in probe)
-        static_grads = tuple(torch.empty_like(p) for p in params)
+        for p in params:  # as the real capture does: gradients exist before it
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grad_buffers = tuple(p.grad for p in params)
         live = {}
 
         def forward():
@@ -314,15 +317,16 @@ class EmulatedBackend:
             for buf, o in zip(static_out, live["out"]):
                 buf.copy_(o.detach())
 
-        def backward():
-            got = torch.autograd.grad(live.pop("out"), params, static_grad_out)
-            for buf, g in zip(static_grads, got):
-                buf.copy_(g)
+        def backward():  # what the captured backward does: add into the captured gradient tensors
+            grads = torch.autograd.grad(live.pop("out"), params, static_grad_out)
+            with torch.no_grad():
+                for buf, g in zip(grad_buffers, grads):
+                    buf.add_(g)
 
         shape = CapturedShape(module=module, params=params, autocast=autocast, on_error=on_error,
                               forward_graph=EmulatedGraph(forward), backward_graph=EmulatedGraph(backward),
                               static_input=sample, static_outputs=static_out,
-                              static_grad_outputs=static_grad_out, static_grads=static_grads)
+                              static_grad_outputs=static_grad_out, grad_buffers=grad_buffers)
         self.shapes.append(shape)
         return shape
 
@@ -331,8 +335,8 @@ class EmulatedBackend:
 
 
 def test_replayed_gradients_accumulate_across_micro_batches():
-    # The static gradient buffers are rewritten by every backward replay: if AccumulateGrad took
-    # one as `param.grad` (what a detached return allows), the next micro-batch would overwrite it.
+    # The backward graph adds into the gradient tensors captured with it; clearing `.grad`
+    # between optimizer steps (set_to_none) must not lose that link.
     backend = EmulatedBackend()
     manager, ref = pair(backend)
     for i in range(3):
@@ -346,8 +350,23 @@ def test_replayed_gradients_accumulate_across_micro_batches():
     assert manager.stats()["replayed_steps"] == 5
     assert_same(grads(manager.module), grads(ref), atol=1e-5)
     assert_same(list(manager.module.buffers()), list(ref.buffers()))
-    static = {g.data_ptr() for g in backend.shapes[0].static_grads}
-    assert not static & {p.grad.data_ptr() for p in manager.module.parameters()}
+    captured = backend.shapes[0].grad_buffers
+    assert all(p.grad is g for p, g in zip(manager.module.parameters(), captured))
+
+
+def test_a_replaced_gradient_is_taken_back_with_its_values():
+    backend = EmulatedBackend()
+    manager, ref = pair(backend)
+    for i in range(3):
+        x = images(seed=i)
+        assert_same(step(manager, x), step(ref, x))
+    for module in (manager.module, ref):  # something swaps in new gradient tensors, values kept
+        for p in module.parameters():
+            p.grad = p.grad.clone()
+    x = images(seed=3)
+    assert_same(step(manager, x), step(ref, x))
+    assert_same(grads(manager.module), grads(ref), atol=1e-5)
+    assert all(p.grad is g for p, g in zip(manager.module.parameters(), backend.shapes[0].grad_buffers))
 
 
 def test_failed_backward_replay_recomputes_eagerly_once(libreyolo_log):
@@ -467,8 +486,8 @@ def test_real_capture_sequence_restores_buffers_and_builds_static_state(stub_cud
     assert shape.static_input is sample and shape.pool_mb == 64.0
     assert [o.shape for o in shape.static_outputs] == [o.shape for o in module(sample)]
     assert not any(o.requires_grad for o in shape.static_outputs)
-    assert len(shape.static_grads) == len(list(module.parameters()))
-    assert all(g is not None and g.shape == p.shape for g, p in zip(shape.static_grads, module.parameters()))
+    # The gradients exist before the capture, and the graph accumulates into exactly those.
+    assert [id(g) for g in shape.grad_buffers] == [id(p.grad) for p in module.parameters()]
     assert stub_cuda["set_stream"] == [stub_cuda["caller"]]
 
 

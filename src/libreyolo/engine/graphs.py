@@ -7,12 +7,20 @@ eager. Anything that cannot be captured logs one line and trains eager; any fail
 capture or replay logs one line and turns graphs off for the rest of the run. The run never fails
 because of `cuda_graph=True`.
 
+Gradients go straight into `param.grad`. The backward graph captures autograd's own
+accumulation (`param.grad += g`, in place) into gradient tensors that exist before the capture, so
+a replay leaves every parameter's gradient where the optimizer reads it: no per-parameter copy or
+allocation is launched eagerly after the replay (for YOLOv9-t that was 675 extra kernels per
+step), and gradient accumulation over micro-batches is the graph's own in-place add. The contract
+this needs: a parameter's `.grad` stays that same tensor, zeroed in place between optimizer
+steps (the step does that). If something replaced or cleared it anyway, the next replay puts the
+captured tensor back (zeroed, or holding the replacement's values) before it runs.
+
 Why a manual pair of `torch.cuda.CUDAGraph`s rather than `torch.cuda.make_graphed_callables`:
 - its backward hands AccumulateGrad *detached* static grad buffers, which AccumulateGrad may
   steal as `param.grad`; the next replay then overwrites that gradient, silently corrupting
   gradient accumulation (pytorch issue 181723, open). Our trainer accumulates nbs/batch
-  micro-batches, so we return the static buffers themselves: AccumulateGrad sees a shared tensor
-  and copies (first micro-batch) or adds in place (later ones);
+  micro-batches;
 - it patches `module.forward` in place, which cannot be undone after a failure or an
   `invalidate()` and would nest for a second shape; we leave the module untouched, so eval,
   checkpoints and EMA see a plain module;
@@ -269,14 +277,15 @@ class _GraphedRegion(torch.autograd.Function):
     def backward(ctx, *grads: Tensor) -> tuple[Tensor | None, ...]:
         shape = ctx.shape
         try:
-            param_grads = shape.replay_backward(grads)
+            shape.replay_backward(grads)
         except Exception as exc:
             # The forward already ran as a graph; recompute it eagerly so this step still gets
             # its true gradients, and turn graphs off from here on.
             shape.on_error("backward replay", exc)
-            param_grads = shape.eager_grads(ctx.images, grads)
+            shape.eager_accumulate(ctx.images, grads)
         ctx.done = True
-        return (None, None, *param_grads)
+        # The parameters' gradients are already in their `.grad`: nothing for autograd to add.
+        return (None, None, *(None for _ in shape.params))
 
 
 @dataclass(eq=False)
@@ -292,7 +301,7 @@ class CapturedShape:
     static_input: Tensor
     static_outputs: tuple[Tensor, ...]              # detached; overwritten by every replay
     static_grad_outputs: tuple[Tensor | None, ...]  # None for outputs that need no gradient
-    static_grads: tuple[Tensor | None, ...]         # one per param; None for unused params
+    grad_buffers: tuple[Tensor, ...]                # each param's `.grad` at capture, one per param
     pool_mb: float | None = None
     last_ctx: Any = None
 
@@ -310,16 +319,29 @@ class CapturedShape:
         # Fresh aliases each call: autograd attaches this step's node to them.
         return tuple(o.detach() for o in self.static_outputs)
 
-    def replay_backward(self, grads: tuple[Tensor, ...]) -> tuple[Tensor | None, ...]:
+    def replay_backward(self, grads: tuple[Tensor, ...]) -> None:
+        """Replay the backward graph: it adds this micro-batch's gradients into `param.grad`."""
+        self.reattach_grads()
         for buf, grad in zip(self.static_grad_outputs, grads):
             if buf is not None and grad is not None and buf.data_ptr() != grad.data_ptr():
                 buf.copy_(grad)
         self.backward_graph.replay()
-        # Not detached: see the module docstring (AccumulateGrad must copy, not steal).
-        return self.static_grads
 
-    def eager_grads(self, images: Tensor, grads: tuple[Tensor, ...]) -> tuple[Tensor | None, ...]:
-        """The parameter gradients of this step, recomputed without graphs (failure path only)."""
+    def reattach_grads(self) -> None:
+        """Make every param's `.grad` the tensor the graph accumulates into again.
+
+        Identity checks only, unless something replaced a gradient since the last replay: a
+        cleared one (None, i.e. zero) zeroes the captured tensor, a replaced one is copied in.
+        """
+        for p, buf in zip(self.params, self.grad_buffers):
+            if p.grad is not buf:
+                with torch.no_grad():
+                    buf.zero_() if p.grad is None else buf.copy_(p.grad)
+                p.grad = buf
+
+    def eager_accumulate(self, images: Tensor, grads: tuple[Tensor, ...]) -> None:
+        """Add this step's parameter gradients, recomputed without graphs (failure path only)."""
+        self.reattach_grads()
         # Restore the buffers only after the backward: BN saves them for it, and restoring
         # them in place earlier would trip autograd's version check.
         with _buffers_restored(self.module):
@@ -327,8 +349,7 @@ class CapturedShape:
                 outputs = self.module(images)
             pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
             with _autocast_off(images.device):
-                return torch.autograd.grad([o for o, _ in pairs], self.params, [g for _, g in pairs],
-                                           allow_unused=True)
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs], inputs=list(self.params))
 
 
 @contextlib.contextmanager
@@ -413,21 +434,28 @@ class CudaGraphBackend:
 
     def _record(self, module, sample, params, autocast, stream, on_error) -> CapturedShape:
         kwargs = _capture_kwargs()
+        # The gradients must exist before the capture, outside its pool: the captured
+        # AccumulateGrad then adds into them in place instead of making (stealing) new ones.
+        with torch.no_grad():
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+        grad_buffers = tuple(p.grad for p in params)
         forward_graph, backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(forward_graph, stream=stream, **kwargs):
             with autocast():
                 outputs = _as_outputs(module(sample))
         grad_outputs = tuple(torch.empty_like(o) if o.requires_grad else None for o in outputs)
         needs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None]
+        # Capturing records kernels without running them: the gradients' values are unchanged.
         with torch.cuda.graph(backward_graph, pool=forward_graph.pool(), stream=stream, **kwargs), \
                 _autocast_off(sample.device):
-            grads = torch.autograd.grad([o for o, _ in needs], params, [g for _, g in needs],
-                                        allow_unused=True)
+            torch.autograd.backward([o for o, _ in needs], [g for _, g in needs], inputs=list(params))
         # Keep detached outputs only: holding `outputs` would keep their autograd graph alive.
         return CapturedShape(module=module, params=params, autocast=autocast, on_error=on_error,
                              forward_graph=forward_graph, backward_graph=backward_graph,
                              static_input=sample, static_outputs=tuple(o.detach() for o in outputs),
-                             static_grad_outputs=grad_outputs, static_grads=tuple(grads))
+                             static_grad_outputs=grad_outputs, grad_buffers=grad_buffers)
 
     def release(self) -> None:
         """After a failure or an invalidation: let pending work finish and return pool memory."""

@@ -100,7 +100,9 @@ class Precision:
         else:
             self.scaler.step(optimizer)
             self.scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        # In place, never None: a CUDA graph's backward accumulates into these very tensors
+        # (engine/graphs.py), and eager training gets the same values (0 + g is exactly g).
+        optimizer.zero_grad(set_to_none=False)
 
     def skipped_steps(self) -> int:
         """Steps skipped by the scaler so far (syncs: call at epoch end only)."""
