@@ -130,3 +130,65 @@ def test_zero_momentum_start_matches_torch_first_step():
         opt_a.step()
         opt_b.step()
     assert torch.allclose(a, b)
+
+
+def test_flat_groups_keep_every_parameter_as_a_view():
+    model = tiny_model().to(memory_format=torch.channels_last)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    strides = {n: p.stride() for n, p in model.named_parameters()}
+    opt = build_optimizer(model, cfg(), device_type="cpu")
+    flats = [g["params"] for g in opt.param_groups]
+    assert [len(f) for f in flats] == [1, 1, 1]
+    groups = dict(zip(("weights", "norm", "bias"), (f[0] for f in flats)))
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]) and p.stride() == strides[name]  # channels_last kept
+    conv = model[0].weight
+    assert conv.is_contiguous(memory_format=torch.channels_last)
+    assert conv.untyped_storage().data_ptr() == groups["weights"].untyped_storage().data_ptr()
+    assert conv.grad.untyped_storage().data_ptr() == groups["weights"].grad.untyped_storage().data_ptr()
+    assert groups["weights"].numel() == sum(model[i].weight.numel() for i in (0, 3, 5))
+    with torch.no_grad():  # an update of the flat tensor is an update of the parameters
+        groups["bias"].add_(1.0)
+    assert torch.equal(model[5].bias, before["5.bias"] + 1)
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_flat_sgd_trains_like_per_parameter_sgd(clip):
+    from libreyolo.engine.precision import Precision
+
+    torch.manual_seed(0)
+    model = tiny_model()
+    ref = tiny_model()
+    ref.load_state_dict(model.state_dict())
+    c = cfg(batch=64)
+    opt = build_optimizer(model, c, device_type="cpu")
+    groups = param_groups(ref)
+    ref_opt = torch.optim.SGD([{"params": groups["weights"], "weight_decay": 5e-4},
+                               {"params": groups["norm"], "weight_decay": 0.0},
+                               {"params": groups["bias"], "weight_decay": 0.0}],
+                              lr=0.01, momentum=0.937, nesterov=True)
+    precision = Precision.create(False, "float16", torch.device("cpu"))
+    flat_params = [p for g in opt.param_groups for p in g["params"]]
+    for i in range(5):
+        x = torch.randn(4, 3, 3, 3, generator=torch.Generator().manual_seed(i))
+        for m, o, params in ((model, opt, flat_params), (ref, ref_opt, list(ref.parameters()))):
+            precision.backward(m(x).square().mean())
+            precision.step(o, params, clip_grad=clip)
+    for a, b in zip(model.parameters(), ref.parameters()):
+        # Element-wise updates are the same numbers; clipping's norm sums in another order.
+        torch.testing.assert_close(a, b, rtol=1e-6 if clip else 0, atol=1e-7 if clip else 0)
+    assert all(not p.grad.any() for p in model.parameters())  # zeroed in place, still views
+
+
+def test_flat_optimizer_state_round_trips():
+    torch.manual_seed(0)
+    model, twin = tiny_model(), tiny_model()
+    twin.load_state_dict(model.state_dict())
+    opt, opt2 = (build_optimizer(m, cfg(batch=64), device_type="cpu") for m in (model, twin))
+    model(torch.randn(2, 3, 3, 3)).sum().backward()
+    opt.step()
+    opt2.load_state_dict(opt.state_dict())
+    twin.load_state_dict(model.state_dict())  # copies into the views: still one flat tensor per group
+    for a, b in zip(opt.param_groups, opt2.param_groups):
+        assert torch.equal(opt.state[a["params"][0]]["momentum_buffer"], opt2.state[b["params"][0]]["momentum_buffer"])
+        assert torch.equal(a["params"][0], b["params"][0])

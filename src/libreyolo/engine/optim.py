@@ -61,7 +61,7 @@ def build_optimizer(model: nn.Module, cfg: Any, *, device_type: str) -> torch.op
         )
     decay = cfg.weight_decay * cfg.batch * accumulate_steps(cfg.batch, cfg.nbs) / cfg.nbs
     groups = [
-        {"name": group, "params": params, "weight_decay": decay if group == "weights" else 0.0}
+        {"name": group, "params": [flatten(params)], "weight_decay": decay if group == "weights" else 0.0}
         for group, params in param_groups(model).items()
         if params
     ]
@@ -78,6 +78,50 @@ def build_optimizer(model: nn.Module, cfg: Any, *, device_type: str) -> torch.op
     if name == "sgd" and cfg.momentum > 0:
         zero_momentum_buffers(optimizer)
     return optimizer
+
+
+def flatten(params: list[nn.Parameter]) -> nn.Parameter:
+    """One parameter holding `params` back to back, and one gradient buffer holding their `.grad`.
+
+    Each parameter becomes a view of the flat tensor (same shape, strides and memory format) and
+    its `.grad` a view of the flat gradient, so autograd accumulates straight into the flat buffer
+    and the optimizer, gradient unscaling, clipping and zeroing each work on one tensor per group
+    instead of hundreds: their host cost, not their kernels, dominated the optimizer phase
+    (docs/training-performance.md). The element-wise updates are the same numbers either way.
+    The flat tensors must stay the storage: move the model (`.to()`) before building the
+    optimizer, never after.
+    """
+    first = params[0]
+    flat = torch.empty(sum(p.numel() for p in params), dtype=first.dtype, device=first.device)
+    flat_grad = torch.zeros_like(flat)
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            view, grad = _view_like(flat[offset:offset + n], p), _view_like(flat_grad[offset:offset + n], p)
+            view.copy_(p)
+            if p.grad is not None:
+                grad.copy_(p.grad)
+            p.data, p.grad = view, grad
+            offset += n
+    merged = nn.Parameter(flat)
+    merged.grad = flat_grad
+    return merged
+
+
+def _view_like(chunk: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """`chunk` (1-D, p.numel() long) seen with p's shape and strides (channels_last stays so)."""
+    return chunk.as_strided(p.shape, p.stride()) if _dense(p) else chunk.view(p.shape)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """True when t's strides are some permutation of a contiguous layout (no gaps, no overlap)."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: (d[1], d[0])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def zero_momentum_buffers(optimizer: torch.optim.SGD) -> None:

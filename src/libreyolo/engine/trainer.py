@@ -251,10 +251,14 @@ def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, d
     ema = ModelEMA(model) if cfg.ema else None
     # With cuda_graph off (or unsupported) this is a silent pass-through to `model.capturable`.
     graphs = GraphManager.for_run(model, cfg, family, device, precision)
+    # The optimizer holds one flat tensor per parameter group (optim.flatten): clipping reads
+    # those few gradients, not one per parameter.
+    optimizer = build_optimizer(model, cfg, device_type=device.type)
     return StepContext(model=model, capturable=graphs.step_callable, criterion=family.criterion(model, cfg),
-                       optimizer=build_optimizer(model, cfg, device_type=device.type), precision=precision,
-                       params=[p for p in model.parameters() if p.requires_grad], clip_grad=cfg.clip_grad,
-                       ema=ema, device=device, channels_last=cfg.channels_last, graphs=graphs)
+                       optimizer=optimizer, precision=precision,
+                       params=[p for group in optimizer.param_groups for p in group["params"]],
+                       clip_grad=cfg.clip_grad, ema=ema, device=device, channels_last=cfg.channels_last,
+                       graphs=graphs)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
