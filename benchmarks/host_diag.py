@@ -20,11 +20,12 @@ from torch.profiler import ProfilerActivity, profile
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
 
+from testkit import synthetic_batch  # noqa: E402
+
 from libreyolo.config import build_config  # noqa: E402
 from libreyolo.engine.step import train_step  # noqa: E402
 from libreyolo.engine.trainer import build_step_context, seed_everything  # noqa: E402
 from libreyolo.families import get_family  # noqa: E402
-from testkit import synthetic_batch  # noqa: E402
 
 
 def host_us_per_call(fn, n: int) -> float:
