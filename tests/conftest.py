@@ -16,6 +16,18 @@ def _isolated_cache(tmp_path_factory):
     yield
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core runner OpenMP's
+    waiting threads made a 64 px forward take seconds instead of milliseconds (measured)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

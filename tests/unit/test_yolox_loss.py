@@ -12,15 +12,7 @@ from libreyolo.families.common import bbox_iou
 from libreyolo.families.yolox import build, criterion
 from libreyolo.families.yolox.assign import SimOTAAssigner, class_cost
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core runner OpenMP's
-    waiting threads made a 64 px forward take seconds instead of milliseconds (measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------- assigner

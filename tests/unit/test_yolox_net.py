@@ -11,15 +11,7 @@ from libreyolo.families.yolox import ARCHS, build
 from libreyolo.families.yolox.net import PRIOR_BIAS
 from libreyolo.families.yolox.spec import SPEC
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a busy 2-core runner OpenMP's
-    waiting threads made a 64 px forward take seconds instead of milliseconds (measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # Published: YOLOX README model-zoo table (Megvii-BaseDetection/YOLOX; the report, arXiv 2107.08430,
