@@ -27,6 +27,8 @@
 #   finetune         YOLOv9-t: 40 epochs from scratch, then 20-epoch fine-tunes at batch 8, 640,
 #                    workers 4: eager (seeds 0 and 1) and graphed (seed 0); wall time + mAP
 #
+# REPEAT=N runs every bench arm N times (arms interleaved) and records the run-to-run spread.
+#
 # Missing packages travel as wheels in .whl/ (see the device tool's README): faster-coco-eval,
 # plotly, holistictraceanalysis + pydot. Each arm of `bench step` is its own process; its record
 # carries `stage_seconds` so a slow arm shows where its time went.
@@ -53,7 +55,7 @@ python3 -c "from libreyolo.data import load_data_config; load_data_config('shape
 runs=/tmp/runs-gpu$gpu
 matrix() {  # matrix NAME ARGS...: bench step over models x batches, JSON after each pair
   local name=$1; shift
-  python3 benchmarks/step_matrix.py "$@" --out "$out/$name.json" > "$out/$name.md"
+  python3 benchmarks/step_matrix.py "$@" --repeat "${REPEAT:-1}" --out "$out/$name.json" > "$out/$name.md"
 }
 train() {  # train NAME KEY=VALUE...: a training run; its results.csv and log come back
   local name=$1; shift

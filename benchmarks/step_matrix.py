@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=1, help="processes per arm (arms interleaved)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -49,7 +50,7 @@ def main() -> None:
     for model in args.models:
         for batch in args.batches:
             user = {"model": model, "data": "shapes", "batch": batch, "imgsz": args.imgsz, "device": args.device}
-            got = bench_step(user, args.arms.split(","), steps=args.steps, warmup=args.warmup)
+            got = bench_step(user, args.arms.split(","), steps=args.steps, warmup=args.warmup, repeat=args.repeat)
             records += got
             print("\n".join(markdown(got).splitlines()[2:]), file=sys.stderr, flush=True)  # progress
             if args.out:  # after every (model, batch): a time-boxed session keeps what finished

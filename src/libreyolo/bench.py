@@ -203,49 +203,76 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
     }
 
 
-def bench_step(user: dict[str, Any], arms: list[str], steps: int = 24, warmup: int = 10) -> list[dict[str, Any]]:
-    """Run each arm in its own process from the same saved state; returns one record per arm."""
-    from .errors import ConfigError
+def bench_step(user: dict[str, Any], arms: list[str], steps: int = 24, warmup: int = 10,
+               repeat: int = 1) -> list[dict[str, Any]]:
+    """Run each arm in its own process from the same saved state; returns one record per arm.
 
+    With `repeat` > 1 every arm runs that many times, the arms interleaved (a, b, a, b, ...) so a
+    drift of the machine hits all of them alike. An arm's record is then its run with the median
+    step time, plus `runs_ms` (each run's median step) and `spread` ((max - min) / median of
+    those): the run-to-run noise a comparison between arms has to beat.
+    """
     for arm in arms:
         arm_delta(arm)  # every arm name is checked before any work starts
     log = logging.getLogger("libreyolo")
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory(prefix="libreyolo-bench-") as tmp:
         workdir = Path(tmp)
         prepare(user, workdir)
-        results = []
-        for i, arm in enumerate(arms, 1):
-            # Progress on stderr: an arm is a fresh process (import, CUDA init, cuDNN autotune,
-            # profiler start-up), tens of seconds each on a GPU.
-            log.info(f"bench: arm {i}/{len(arms)} '{arm}' ({warmup} warm-up + 2 x {steps} + {min(steps, PROFILED_STEPS)} profiled steps)")
-            proc = subprocess.run([sys.executable, "-m", "libreyolo.bench", str(workdir), arm, str(steps), str(warmup)],
-                                  capture_output=True, text=True, env={**os.environ})
-            lines = proc.stdout.strip().splitlines()
-            if proc.returncode != 0 or not lines:
-                message = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-                raise ConfigError(f"bench arm '{arm}' failed: {message}")
-            results.append(json.loads(lines[-1]))
-            log.info(f"bench: arm '{arm}' median step {results[-1]['step_ms_median']:.2f} ms")
+        for r in range(repeat):
+            for i, arm in enumerate(arms, 1):
+                # Progress on stderr: an arm is a fresh process (import, CUDA init, cuDNN
+                # autotune, profiler start-up), tens of seconds each on a GPU.
+                run = f" run {r + 1}/{repeat}" if repeat > 1 else ""
+                log.info(f"bench: arm {i}/{len(arms)} '{arm}'{run} ({warmup} warm-up + 2 x {steps} + "
+                         f"{min(steps, PROFILED_STEPS)} profiled steps)")
+                runs[arm].append(_run_arm_process(workdir, arm, steps, warmup))
+                log.info(f"bench: arm '{arm}' median step {runs[arm][-1]['step_ms_median']:.2f} ms")
+    results = [_combine(runs[arm]) for arm in arms]
     base = results[0]["step_ms_median"]
     for r in results:
         r["speedup"] = base / r["step_ms_median"]
     return results
 
 
+def _run_arm_process(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
+    from .errors import ConfigError
+
+    proc = subprocess.run([sys.executable, "-m", "libreyolo.bench", str(workdir), arm, str(steps), str(warmup)],
+                          capture_output=True, text=True, env={**os.environ})
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        message = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"bench arm '{arm}' failed: {message}")
+    return json.loads(lines[-1])
+
+
+def _combine(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm's runs -> the median run's record, with every run's median step and the spread."""
+    medians = [r["step_ms_median"] for r in records]
+    middle = sorted(records, key=lambda r: r["step_ms_median"])[(len(records) - 1) // 2]
+    mid = statistics.median(medians)
+    return {**middle, "runs_ms": medians, "spread": (max(medians) - min(medians)) / mid if mid > 0 else 0.0}
+
+
 def format_table(results: list[dict[str, Any]]) -> str:
-    head = ("arm", "precision", "step ms (min/med)", "speedup", "kernel busy ms", "util", "network share", "peak MiB")
+    repeated = len(results[0].get("runs_ms", [])) > 1
+    head = ("arm", "precision", "step ms (min/med)", "speedup", "kernel busy ms", "util", "network share",
+            "peak MiB") + (("run spread",) if repeated else ())
     rows = [head]
     for r in results:
         rows.append((r["arm"], r["precision"], f"{r['step_ms_min']:.2f} / {r['step_ms_median']:.2f}",
                      f"{r['speedup']:.2f}x",
                      "-" if r["kernel_busy_ms"] is None else f"{r['kernel_busy_ms']:.2f}",
                      "-" if r["utilisation"] is None else f"{r['utilisation']:.2f}",
-                     f"{r['network_share']:.2f}", "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.0f}"))
+                     f"{r['network_share']:.2f}", "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.0f}")
+                    + ((f"{100 * r['spread']:.0f} %",) if repeated else ()))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
     r0 = results[0]
     lines.insert(0, f"{r0['arch']}  batch {r0['batch']}  imgsz {r0['imgsz']}  on {r0['device']}  "
-                    f"(median of {r0['steps']} steps after {r0['warmup']} warm-up; one batch replayed)")
+                    f"(median of {r0['steps']} steps after {r0['warmup']} warm-up; one batch replayed"
+                    + (f"; median of {len(r0['runs_ms'])} runs per arm)" if repeated else ")"))
     return "\n".join(lines)
 
 

@@ -113,9 +113,11 @@ def test_bench_step_cpu(cli):
         assert set(r["synced_ms"]) == {"h2d", "forward", "loss", "backward", "optimizer+ema"}
         assert 0 < r["network_share"] < 1
         assert r["precision"] == "float32"
-    table = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "--steps", "2", "--warmup", "1")
+    table = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "--steps", "2", "--warmup", "1",
+                "--repeat", "2")
     assert table.returncode == 0, table.stderr
     assert "step ms (min/med)" in table.stdout and "yolo9-t" in table.stdout
+    assert "run spread" in table.stdout and "median of 2 runs per arm" in table.stdout
     for arms in ("turbo", "float16+turbo"):
         bad = cli("bench", "step", "model=yolo9-t", f"arms={arms}")
         assert bad.returncode == 2 and f"unknown arm '{arms}'" in bad.stderr

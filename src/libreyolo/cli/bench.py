@@ -19,6 +19,8 @@ def step(ctx: typer.Context,
                                                  "combine with '+', e.g. float16,float16+graph."),
          steps: int = typer.Option(24, min=2, help="Timed steps per arm."),
          warmup: int = typer.Option(10, min=1, help="Warm-up steps per arm before timing."),
+         repeat: int = typer.Option(1, min=1, help="Processes per arm, arms interleaved; the median run is "
+                                                   "reported with every run's median and the spread."),
          as_json: bool = typer.Option(False, "--json", help="One JSON list of per-arm records on stdout.")) -> None:
     """Time the real training step: libreyolo bench step model=yolo9-t batch=8 imgsz=640 [key=value ...]
 
@@ -41,5 +43,6 @@ def step(ctx: typer.Context,
         from ..errors import ConfigError
 
         raise ConfigError("no model given: pass model=yolo9-t (or a checkpoint)")
-    results = bench_step(user, [a.strip() for a in arms.split(",") if a.strip()], steps=steps, warmup=warmup)
+    results = bench_step(user, [a.strip() for a in arms.split(",") if a.strip()], steps=steps, warmup=warmup,
+                         repeat=repeat)
     typer.echo(json.dumps(results, indent=1) if as_json else format_table(results))
