@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+
 def load(paths: list[str]) -> list[dict]:
     records = []
     for path in paths:
