@@ -13,25 +13,9 @@ import json
 import sys
 from pathlib import Path
 
+from tables import arm_table  # benchmarks/tables.py, beside this script
+
 from libreyolo.bench import bench_step
-
-
-def markdown(records: list[dict]) -> str:
-    lines = ["| model | batch | arm | precision | step ms (min / median) | kernel busy ms | utilisation | "
-             "synced fwd / loss / bwd / opt+ema ms | network share | peak MiB | graph replays |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in records:
-        s = r["synced_ms"]
-        busy = "-" if r["kernel_busy_ms"] is None else f"{r['kernel_busy_ms']:.1f}"
-        util = "-" if r["utilisation"] is None else f"{r['utilisation']:.2f}"
-        peak = "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.0f}"
-        g = r.get("graph") or {}
-        replays = f"{g['replayed_steps']}/{g['replayed_steps'] + g['eager_steps']}" if g.get("requested") else "-"
-        lines.append(f"| {r['arch']} | {r['batch']} | {r['arm']} | {r['precision']} | "
-                     f"{r['step_ms_min']:.1f} / {r['step_ms_median']:.1f} | {busy} | {util} | "
-                     f"{s['forward']:.1f} / {s['loss']:.1f} / {s['backward']:.1f} / {s['optimizer+ema']:.1f} | "
-                     f"{r['network_share']:.2f} | {peak} | {replays} |")
-    return "\n".join(lines)
 
 
 def main() -> None:
@@ -52,11 +36,11 @@ def main() -> None:
             user = {"model": model, "data": "shapes", "batch": batch, "imgsz": args.imgsz, "device": args.device}
             got = bench_step(user, args.arms.split(","), steps=args.steps, warmup=args.warmup, repeat=args.repeat)
             records += got
-            print("\n".join(markdown(got).splitlines()[2:]), file=sys.stderr, flush=True)  # progress
+            print("\n".join(arm_table(got).splitlines()[2:]), file=sys.stderr, flush=True)  # progress
             if args.out:  # after every (model, batch): a time-boxed session keeps what finished
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(records, indent=1))
-    print(markdown(records))
+    print(arm_table(records))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
     python benchmarks/tables.py benchmarks/results/h200/step_*.json
 
-Prints three tables: precision (arms side by side, peak memory), eager vs graphed per model x
-batch x precision, and the synchronised phase split. A graphed arm's peak allocated memory leaves
+Prints two tables: every arm with all its figures, and eager vs graphed per model x batch x
+precision. A graphed arm's peak allocated memory leaves
 out the graph's private pool (replays do not go through the allocator): the pool is added.
 """
 
@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-
-PRECISIONS = {"fp32": "fp32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
 def load(paths: list[str]) -> list[dict]:
@@ -56,23 +54,22 @@ def graph_table(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def split_table(records: list[dict]) -> str:
-    rows = ["| model | batch | arm | kernel busy ms | synced forward / loss / backward / optimizer+EMA ms |",
-            "|---|---|---|---|---|"]
+def arm_table(records: list[dict]) -> str:
+    """One row per arm: every figure of the record (what step_matrix.py prints as it goes)."""
+    rows = ["| model | batch | arm | precision | step ms (min / median) | kernel busy ms | utilisation | "
+            "synced fwd / loss / bwd / opt+ema ms | network share | peak MiB | graph replays |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         s = r["synced_ms"]
-        rows.append(f"| {r['arch']} | {r['batch']} | {r['arm']} | {r['kernel_busy_ms']:.1f} | "
-                    f"{s['forward']:.1f} / {s['loss']:.1f} / {s['backward']:.1f} / {s['optimizer+ema']:.1f} |")
-    return "\n".join(rows)
-
-
-def precision_table(records: list[dict], arch: str, batch: int) -> str:
-    rows = ["| arm | precision | step ms (min / median) | kernel busy ms | utilisation | peak MiB |",
-            "|---|---|---|---|---|---|"]
-    for r in records:
-        if r["arch"] == arch and r["batch"] == batch:
-            rows.append(f"| {r['arm']} | {r['precision']} | {r['step_ms_min']:.1f} / {r['step_ms_median']:.1f} | "
-                        f"{r['kernel_busy_ms']:.1f} | {r['utilisation']:.2f} | {r['peak_mem_mb']:.0f} |")
+        busy = "-" if r["kernel_busy_ms"] is None else f"{r['kernel_busy_ms']:.1f}"
+        util = "-" if r["utilisation"] is None else f"{r['utilisation']:.2f}"
+        peak = "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.0f}"
+        g = r.get("graph") or {}
+        replays = f"{g['replayed_steps']}/{g['replayed_steps'] + g['eager_steps']}" if g.get("requested") else "-"
+        rows.append(f"| {r['arch']} | {r['batch']} | {r['arm']} | {r['precision']} | "
+                    f"{r['step_ms_min']:.1f} / {r['step_ms_median']:.1f} | {busy} | {util} | "
+                    f"{s['forward']:.1f} / {s['loss']:.1f} / {s['backward']:.1f} / {s['optimizer+ema']:.1f} | "
+                    f"{r['network_share']:.2f} | {peak} | {replays} |")
     return "\n".join(rows)
 
 
@@ -80,13 +77,10 @@ def main() -> None:
     records = load(sys.argv[1:])
     if not records:
         sys.exit("usage: python benchmarks/tables.py RESULTS.json [...]")
-    r0 = records[0]
-    print(f"## precision: {r0['arch']} batch {r0['batch']}\n")
-    print(precision_table(records, r0["arch"], r0["batch"]))
+    print("## every arm\n")
+    print(arm_table(records))
     print("\n## eager vs graphed\n")
     print(graph_table(records))
-    print("\n## step composition (synchronised per phase)\n")
-    print(split_table(records))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,30 @@ def random_targets(gen, b, m, px, nc, counts, *, min_wh=4.0, pos=0.7, extent=0.5
     return Targets(boxes, labels, valid)
 
 
+def check_model_contract(model, channels: int):
+    """The model contract on a 2 x 3 x 64 x 96 input: `capturable` in train mode gives one map per
+    stride 8/16/32 with `channels` channels, `forward_train` passes it through, eval forward equals
+    `predict`, which gives one finite (box, scores in [0, 1]) row per cell. Returns (maps, pred);
+    the model is left in eval mode."""
+    nc = model.num_classes
+    assert model.strides == (8, 16, 32)
+    x = torch.rand(2, 3, 64, 96)
+    out = model.train().capturable(x)
+    assert isinstance(out, tuple) and len(out) == 3
+    for o, s in zip(out, model.strides):
+        assert o.shape == (2, channels, 64 // s, 96 // s)
+    assert model.forward_train(out, None) is out
+    model.eval()
+    with torch.no_grad():
+        pred = model.predict(x)
+        assert torch.equal(model(x), pred)  # eval forward = predict
+    cells = sum((64 // s) * (96 // s) for s in model.strides)
+    assert pred.shape == (2, cells, 4 + nc) and pred.dtype == torch.float32 and torch.isfinite(pred).all()
+    scores = pred[..., 4:]
+    assert (scores >= 0).all() and (scores <= 1).all()
+    return out, pred
+
+
 def gpu_targets(device) -> Targets:
     """The GPU tests' standard targets: 4 images at 128 px, 5 classes, image 1 empty."""
     gen = torch.Generator().manual_seed(0)

@@ -198,7 +198,7 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
         "kernel_busy_ms": busy_ms, "utilisation": None if busy_ms is None else busy_ms / median,
         "synced_ms": phases, "network_share": network / max(sum(phases.values()), 1e-9),
         "peak_mem_mb": peak_mb,
-        "graph": ctx.graphs.stats() if ctx.graphs is not None else None,  # replayed vs eager steps
+        "graph": ctx.graphs.stats(),  # replayed vs eager steps
         "stage_seconds": {k: round(v, 2) for k, v in stage_s.items()},  # where the arm's wall time went
     }
 

@@ -133,6 +133,25 @@ def test_batch_loss_equals_per_image_sums(family):
 
 
 @pytest.mark.parametrize("family", sorted(REGISTRY))
+def test_loss_runs_in_float32_whatever_the_input_dtype(family):
+    """The criterion casts what it consumes: bfloat16 outputs, or a call inside autocast, still
+    give float32 loss items equal to the float32 call's."""
+    spec = REGISTRY[family]
+    torch.manual_seed(0)
+    model = spec.build(spec.sizes[0], 3).train()
+    tg = random_targets(torch.Generator().manual_seed(4), 2, 8, 64, 3, [3, 2], min_wh=6.0)
+    with torch.no_grad():
+        preds = model(torch.rand(2, 3, 64, 64))
+    crit = spec.criterion(model, None)
+    _, items = crit(preds, tg)
+    loss16, items16 = crit(tuple(p.to(torch.bfloat16) for p in preds), tg)
+    assert loss16.dtype == torch.float32 and torch.isfinite(items16).all()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, items_ac = crit(preds, tg)
+    assert items_ac.dtype == torch.float32 and torch.allclose(items_ac, items, rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", sorted(REGISTRY))
 def test_channels_last_matches_contiguous(family):
     spec = REGISTRY[family]
     torch.manual_seed(0)

@@ -53,6 +53,7 @@ def test_skipped_steps_are_said_only_for_epochs_that_skipped(tmp_path, caplog):
                         optimizer=SimpleNamespace(param_groups=[{"lr": 0.01}]),
                         precision=SimpleNamespace(skipped_steps=lambda: next(counts)))
     hook = ResultsHook()
+    hook.before_train(t)
     with caplog.at_level("INFO", logger="libreyolo"):
         for epoch in range(4):
             t.epoch = epoch

@@ -174,7 +174,7 @@ def test_qfl_term_matches_split_formula():
     assert norm[0].item() == pytest.approx(gt.ious.sum().item(), rel=1e-6)
 
 
-def test_gains_from_cfg_and_float32_under_autocast():
+def test_gains_from_cfg():
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(4)
     model = build("t", 3).train()
@@ -187,9 +187,4 @@ def test_gains_from_cfg_and_float32_under_autocast():
     _, items2 = doubled(preds, tg)
     assert base.gains == (2.0, 1.0)
     assert torch.allclose(items2, items * 2, rtol=1e-5)
-    loss16, items16 = base(tuple(p.to(torch.bfloat16) for p in preds), tg)
-    assert loss16.dtype == torch.float32 and torch.isfinite(items16).all()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        _, items_ac = base(preds, tg)
-    assert items_ac.dtype == torch.float32 and torch.allclose(items_ac, items, rtol=1e-6)
     assert math.isfinite(items.sum().item())

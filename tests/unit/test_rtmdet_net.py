@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from testkit import check_model_contract
 from torch.utils.flop_counter import FlopCounterMode
 
 from libreyolo.config import build_config
@@ -64,22 +65,9 @@ def test_capturable_and_predict_shapes(exp_on_reg):
     torch.manual_seed(0)
     model = build("t", 5)
     model.net.head.exp_on_reg = exp_on_reg  # the only head difference between the two groups
-    assert model.num_classes == 5 and model.strides == (8, 16, 32)
-    x = torch.rand(2, 3, 64, 96)
-    out = model.train().capturable(x)
-    assert isinstance(out, tuple) and len(out) == 3
-    for o, s in zip(out, model.strides):
-        assert o.shape == (2, 5 + 4, 64 // s, 96 // s)
-    assert model.forward_train(out, None) is out
-    model.eval()
-    with torch.no_grad():
-        pred = model.predict(x)
-        assert torch.equal(model(x), pred)
-    a = sum((64 // s) * (96 // s) for s in model.strides)
-    assert pred.shape == (2, a, 4 + 5) and pred.dtype == torch.float32
-    assert torch.isfinite(pred).all()
+    assert model.num_classes == 5
+    out, pred = check_model_contract(model, 5 + 4)  # classes, box distances
     scores = pred[..., 4:]
-    assert (scores >= 0).all() and (scores <= 1).all()
     # Fresh head: class prior 0.01, distances ~1 stride (exp(0)) or ~0 (linear), so boxes hug
     # their prior points (cell corners).
     assert torch.allclose(scores, torch.full_like(scores, 0.01), atol=0.01)

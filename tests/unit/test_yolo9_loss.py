@@ -155,7 +155,7 @@ def test_dfl_loss_matches_two_bin_cross_entropy():
     assert torch.allclose(dfl_loss(logits, target), want, atol=1e-6)
 
 
-def test_gains_from_cfg_and_float32_under_autocast():
+def test_gains_from_cfg():
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(4)
     model = build("t", 3).train()
@@ -168,9 +168,3 @@ def test_gains_from_cfg_and_float32_under_autocast():
     _, items2 = doubled(preds, tg)
     assert base.gains == (7.5, 0.5, 1.5)
     assert torch.allclose(items2, items * 2, rtol=1e-5)
-    loss16, items16 = base(tuple(p.to(torch.bfloat16) for p in preds), tg)
-    assert loss16.dtype == torch.float32 and torch.isfinite(items16).all()
-    # Called inside an autocast region the loss must still run in float32.
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        _, items_ac = base(preds, tg)
-    assert items_ac.dtype == torch.float32 and torch.allclose(items_ac, items, rtol=1e-6)

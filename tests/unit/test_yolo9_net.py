@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from testkit import check_model_contract
 from torch.utils.flop_counter import FlopCounterMode
 
 from libreyolo.families import get_family, parse_arch
@@ -51,23 +52,9 @@ def test_sizes_match_registry():
 def test_capturable_and_predict_shapes(size):
     torch.manual_seed(0)
     model = build(size, 5)
-    assert model.num_classes == 5 and model.strides == (8, 16, 32) and model.reg_max == 16
-    x = torch.rand(2, 3, 64, 96)
-    model.train()
-    out = model.capturable(x)
-    assert isinstance(out, tuple) and len(out) == 3
-    for o, s in zip(out, model.strides):
-        assert o.shape == (2, 4 * 16 + 5, 64 // s, 96 // s)
-    assert model.forward_train(out, None) is out
-    model.eval()
-    with torch.no_grad():
-        pred = model.predict(x)
-        assert torch.equal(model(x), pred)  # eval forward = predict
-    a = sum((64 // s) * (96 // s) for s in model.strides)
-    assert pred.shape == (2, a, 4 + 5)
-    boxes, scores = pred[..., :4], pred[..., 4:]
-    assert torch.isfinite(pred).all()
-    assert (scores >= 0).all() and (scores <= 1).all()
+    assert model.num_classes == 5 and model.reg_max == 16
+    _, pred = check_model_contract(model, 4 * 16 + 5)
+    boxes = pred[..., :4]
     assert (boxes[..., 2] >= boxes[..., 0]).all() and (boxes[..., 3] >= boxes[..., 1]).all()
     # DFL distances lie in [0, reg_max - 1] grid cells around each anchor centre.
     cx = (boxes[..., 0] + boxes[..., 2]) / 2

@@ -115,10 +115,11 @@ class ValidationHook(Hook):
 class ResultsHook(Hook):
     """One row per epoch in results.csv: losses, learning rate, metrics, timing, skipped steps."""
 
+    def before_train(self, trainer: Trainer) -> None:
+        self._skipped_before = trainer.precision.skipped_steps()  # a resumed run's count carries on
+
     def before_epoch(self, trainer: Trainer) -> None:
         self._t0 = time.perf_counter()
-        if not hasattr(self, "_skipped_before"):  # first epoch of this process (a resume counts on)
-            self._skipped_before = trainer.precision.skipped_steps()
 
     def after_epoch(self, trainer: Trainer) -> None:
         row = {"epoch": trainer.epoch + 1}
