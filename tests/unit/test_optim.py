@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from libreyolo.engine.optim import (
+    VIEW_ALIGN_BYTES,
     accumulate_steps,
     build_optimizer,
     implementation_kwargs,
@@ -146,27 +147,40 @@ def test_flat_groups_keep_every_parameter_as_a_view():
     assert conv.is_contiguous(memory_format=torch.channels_last)
     assert conv.untyped_storage().data_ptr() == groups["weights"].untyped_storage().data_ptr()
     assert conv.grad.untyped_storage().data_ptr() == groups["weights"].grad.untyped_storage().data_ptr()
-    assert groups["weights"].numel() == sum(model[i].weight.numel() for i in (0, 3, 5))
+    owner = {id(p): flat for group, flat in groups.items() for p in param_groups(model)[group]}
+    for p in model.parameters():  # every view starts as far into its flat tensor as an allocation would
+        flat = owner[id(p)]
+        assert (p.data_ptr() - flat.data_ptr()) % VIEW_ALIGN_BYTES == 0
+        assert (p.grad.data_ptr() - flat.grad.data_ptr()) % VIEW_ALIGN_BYTES == 0
+    weights = [model[i].weight for i in (0, 3, 5)]
+    align = VIEW_ALIGN_BYTES // 4
+    assert groups["weights"].numel() == sum(-(-w.numel() // align) * align for w in weights)
+    gaps = torch.ones_like(groups["weights"], dtype=torch.bool)
+    for w in weights:
+        start = (w.data_ptr() - groups["weights"].data_ptr()) // 4
+        gaps[start:start + w.numel()] = False
+    assert gaps.any() and not groups["weights"][gaps].any()  # the padding holds zeros
     with torch.no_grad():  # an update of the flat tensor is an update of the parameters
         groups["bias"].add_(1.0)
     assert torch.equal(model[5].bias, before["5.bias"] + 1)
 
 
-@pytest.mark.parametrize("clip", [0.0, 1.0])
-def test_flat_sgd_trains_like_per_parameter_sgd(clip):
+@pytest.mark.parametrize("name, clip", [("sgd", 0.0), ("sgd", 1.0), ("adamw", 0.0)])
+def test_flat_optimizer_trains_like_per_parameter(name, clip):
     from libreyolo.engine.precision import Precision
 
     torch.manual_seed(0)
     model = tiny_model()
     ref = tiny_model()
     ref.load_state_dict(model.state_dict())
-    c = cfg(batch=64)
+    c = cfg(batch=64, optimizer=name)
     opt = build_optimizer(model, c, device_type="cpu")
     groups = param_groups(ref)
-    ref_opt = torch.optim.SGD([{"params": groups["weights"], "weight_decay": 5e-4},
-                               {"params": groups["norm"], "weight_decay": 0.0},
-                               {"params": groups["bias"], "weight_decay": 0.0}],
-                              lr=0.01, momentum=0.937, nesterov=True)
+    ref_groups = [{"params": groups["weights"], "weight_decay": 5e-4},
+                  {"params": groups["norm"], "weight_decay": 0.0},
+                  {"params": groups["bias"], "weight_decay": 0.0}]
+    ref_opt = (torch.optim.SGD(ref_groups, lr=0.01, momentum=0.937, nesterov=True) if name == "sgd"
+               else torch.optim.AdamW(ref_groups, lr=0.01, betas=(0.937, 0.999)))
     precision = Precision.create(False, "float16", torch.device("cpu"))
     flat_params = [p for g in opt.param_groups for p in g["params"]]
     for i in range(5):
@@ -176,7 +190,8 @@ def test_flat_sgd_trains_like_per_parameter_sgd(clip):
             precision.step(o, params, clip_grad=clip)
     for a, b in zip(model.parameters(), ref.parameters()):
         # Element-wise updates are the same numbers; clipping's norm sums in another order.
-        torch.testing.assert_close(a, b, rtol=1e-6 if clip else 0, atol=1e-7 if clip else 0)
+        exact = not clip
+        torch.testing.assert_close(a, b, rtol=0 if exact else 1e-6, atol=0 if exact else 1e-7)
     assert all(not p.grad.any() for p in model.parameters())  # zeroed in place, still views
 
 

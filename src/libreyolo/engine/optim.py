@@ -80,6 +80,11 @@ def build_optimizer(model: nn.Module, cfg: Any, *, device_type: str) -> torch.op
     return optimizer
 
 
+# The CUDA caching allocator hands out blocks rounded to 512 bytes (kMinBlockSize in
+# c10/cuda/CUDACachingAllocator.cpp): kernels may assume at least that of a tensor they were given.
+VIEW_ALIGN_BYTES = 512
+
+
 def flatten(params: list[nn.Parameter]) -> nn.Parameter:
     """One parameter holding `params` back to back, and one gradient buffer holding their `.grad`.
 
@@ -88,22 +93,28 @@ def flatten(params: list[nn.Parameter]) -> nn.Parameter:
     and the optimizer, gradient unscaling, clipping and zeroing each work on one tensor per group
     instead of hundreds: their host cost, not their kernels, dominated the optimizer phase
     (docs/training-performance.md). The element-wise updates are the same numbers either way.
+    Every view starts on a `VIEW_ALIGN_BYTES` boundary, like a fresh CUDA allocation: cuDNN
+    refuses (or faults on) misaligned weights, which the H200 showed when the views were packed
+    tight. The gaps hold zeros that the optimizer leaves at zero (no gradient, no decay to apply).
     The flat tensors must stay the storage: move the model (`.to()`) before building the
     optimizer, never after.
     """
     first = params[0]
-    flat = torch.empty(sum(p.numel() for p in params), dtype=first.dtype, device=first.device)
+    align = max(1, VIEW_ALIGN_BYTES // first.element_size())
+    starts, end = [], 0
+    for p in params:
+        starts.append(end)
+        end += -(-p.numel() // align) * align
+    flat = torch.zeros(end, dtype=first.dtype, device=first.device)
     flat_grad = torch.zeros_like(flat)
-    offset = 0
     with torch.no_grad():
-        for p in params:
+        for p, start in zip(params, starts):
             n = p.numel()
-            view, grad = _view_like(flat[offset:offset + n], p), _view_like(flat_grad[offset:offset + n], p)
+            view, grad = _view_like(flat[start:start + n], p), _view_like(flat_grad[start:start + n], p)
             view.copy_(p)
             if p.grad is not None:
                 grad.copy_(p.grad)
             p.data, p.grad = view, grad
-            offset += n
     merged = nn.Parameter(flat)
     merged.grad = flat_grad
     return merged
