@@ -2,6 +2,8 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from libreyolo.engine.hooks import ValidationHook
 
 
@@ -49,7 +51,8 @@ def test_skipped_steps_are_said_only_for_epochs_that_skipped(tmp_path, caplog):
     from libreyolo.engine.hooks import ResultsHook
 
     counts = iter([3, 8, 8, 8, 9])  # the scaler's running total: 3 before this run (a resume)
-    t = SimpleNamespace(epoch=0, metrics={}, validated_epoch=-1, run_dir=tmp_path, epoch_losses=lambda: {"box": 1.0},
+    t = SimpleNamespace(epoch=0, start_epoch=0, metrics={}, validated_epoch=-1, run_dir=tmp_path,
+                        epoch_losses=lambda: {"box": 1.0},
                         optimizer=SimpleNamespace(param_groups=[{"lr": 0.01}]),
                         precision=SimpleNamespace(skipped_steps=lambda: next(counts)))
     hook = ResultsHook()
@@ -64,3 +67,15 @@ def test_skipped_steps_are_said_only_for_epochs_that_skipped(tmp_path, caplog):
                     "epoch 4: float16 loss scaler skipped 1 steps for overflow (9 in all)"]
     rows = (tmp_path / "results.csv").read_text().splitlines()
     assert [r.rsplit(",", 1)[1] for r in rows] == ["skipped_steps", "8", "8", "8", "9"]
+
+
+@pytest.mark.parametrize("start_epoch, kept", [(0, []), (2, ["1", "2"])])
+def test_results_csv_starts_fresh_or_keeps_the_resumed_epochs(tmp_path, start_epoch, kept):
+    from libreyolo.engine.hooks import ResultsHook
+
+    path = tmp_path / "results.csv"
+    path.write_text("epoch,train/box\n1,3.0\n2,2.0\n3,1.0\n")  # epoch 3 ran after the checkpoint
+    t = SimpleNamespace(start_epoch=start_epoch, run_dir=tmp_path, precision=SimpleNamespace(skipped_steps=lambda: 0))
+    ResultsHook().before_train(t)
+    rows = path.read_text().splitlines() if path.exists() else []
+    assert [r.split(",")[0] for r in rows[1:]] == kept and (not kept or rows[0] == "epoch,train/box")

@@ -59,3 +59,19 @@ def test_family_set_epoch_reason_invalidates_graphs(tmp_path, monkeypatch, caplo
         LibreYOLO("yolo9-t").train(epochs=2, project=str(tmp_path), **TINY)
     assert seen == [0, 1] and invalidated == ["l1 branch on"]
     assert "epoch 2: l1 branch on" in caplog.text
+
+
+def test_resume_of_an_optimizer_state_that_does_not_fit_is_one_line(tmp_path):
+    """A checkpoint from before the flat optimizer holds one state entry per parameter."""
+    from libreyolo.errors import CheckpointError
+
+    result = LibreYOLO("yolo9-t").train(epochs=2, project=str(tmp_path), **TINY)
+    ckpt = torch.load(result.last, weights_only=True)
+    ckpt["epoch"] = 0
+    group = ckpt["optimizer"]["param_groups"][0]
+    group["params"] = list(range(100, 100 + 40))  # per-parameter layout: 40 tensors, not 1
+    old = tmp_path / "old.pt"
+    torch.save(ckpt, old)
+    with pytest.raises(CheckpointError) as err:
+        LibreYOLO("yolo9-t").train(resume=str(old))
+    assert "\n" not in str(err.value) and "fine-tune from its weights" in str(err.value)

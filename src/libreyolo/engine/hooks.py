@@ -117,6 +117,21 @@ class ResultsHook(Hook):
 
     def before_train(self, trainer: Trainer) -> None:
         self._skipped_before = trainer.precision.skipped_steps()  # a resumed run's count carries on
+        path = trainer.run_dir / "results.csv"
+        if path.exists():
+            # A fresh run in a reused directory (`exist_ok=true`) starts its own table; a resumed
+            # one keeps the rows of the epochs its checkpoint holds (a row written after that
+            # checkpoint would otherwise appear twice).
+            with path.open(newline="") as f:
+                rows = list(csv.reader(f))
+            kept = [r for r in rows[1:] if r and int(r[0]) <= trainer.start_epoch]
+            if not kept:
+                path.unlink()
+                return
+            tmp = path.with_suffix(".csv.tmp")
+            with tmp.open("w", newline="") as f:
+                csv.writer(f).writerows(rows[:1] + kept)
+            tmp.replace(path)
 
     def before_epoch(self, trainer: Trainer) -> None:
         self._t0 = time.perf_counter()

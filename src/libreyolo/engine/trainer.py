@@ -15,7 +15,7 @@ import yaml
 from torch import nn
 
 from ..config import TrainConfig
-from ..errors import LibreYOLOError
+from ..errors import CheckpointError, LibreYOLOError
 from ..families.base import FamilySpec
 from ..profiler.markers import phase
 from ..profiler.window import profiler_hooks
@@ -219,7 +219,13 @@ class Trainer:
         if self.ema is not None and ckpt.get("ema") is not None:
             self.ema.ema.load_state_dict(ckpt["ema"])
             self.ema.updates = int(ckpt.get("ema_updates", 0))
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        try:
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        except ValueError as exc:  # torch's one-line group/size mismatch
+            raise CheckpointError(
+                f"cannot resume: the checkpoint's optimizer state does not fit this optimizer ({exc}); "
+                "a checkpoint from before the flat optimizer (one tensor per parameter group) cannot be "
+                "resumed: fine-tune from its weights instead (model=<checkpoint>)") from None
         self.precision.load_state_dict(ckpt["precision"])
         self.start_epoch = int(ckpt["epoch"]) + 1
         self.best_fitness = float(ckpt.get("best_fitness", -1.0))
