@@ -16,7 +16,10 @@
 #                    and float16 in NCHW (channels_last=false), eager and graphed
 #   bench-families   bench step YOLOX-t and RTMDet-t batch 8 float16, eager and graphed
 #   bench-matrix     bench step YOLOv9-t batch 2, 32 and YOLOv9-s batch 2, 8, 32, six arms each
-#   bench:MODEL:B    bench step MODEL at batch B, the six precision x graph arms (bench:yolo9-s:32)
+#   bench:MODEL:B    bench step MODEL at batch B, the six precision x graph arms (bench:yolo9-s:32);
+#                    ARMS=a,b,... picks other arms
+#   base:STAGE       STAGE run on the code in $BASE_SRC (a `src` folder of another commit, carried
+#                    to the device), results under $OUT/base: a before/after comparison in one call
 #   diag             host launch cost and an eager YOLOv9-t step's CPU time by op (benchmarks/host_diag.py)
 #   bench-families-bs  bench step YOLOX-t and RTMDet-t batch 2 and 32 float16, eager and graphed
 #   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, 100 epochs
@@ -47,7 +50,7 @@ if ls .whl/*.whl >/dev/null 2>&1 && [ ! -e /tmp/site/.done ]; then
     while [ ! -e /tmp/site/.done ]; do sleep 1; done
   fi
 fi
-export PYTHONPATH=$PWD/src:/tmp/site
+export PYTHONPATH=$PWD/src:/tmp/site BASE_SRC=${BASE_SRC:+$(realpath "$BASE_SRC")}
 export LIBREYOLO_CACHE=${LIBREYOLO_CACHE:-/tmp/libreyolo-cache} PYTHONUNBUFFERED=1
 # Both lanes need the dataset: generation is atomic, so a race only wastes a second.
 python3 -c "from libreyolo.data import load_data_config; load_data_config('shapes')" || exit 1
@@ -114,7 +117,11 @@ stage_run() {
       done ;;
     bench:*:*)
       IFS=: read -r _ model batch <<< "$1"
-      matrix "step_${model}_b$batch" --models "$model" --batches "$batch" --arms $six ;;
+      matrix "step_${model}_b$batch" --models "$model" --batches "$batch" --arms "${ARMS:-$six}" ;;
+    base:*)
+      [ -d "${BASE_SRC:-}/libreyolo" ] || { echo "base:* needs BASE_SRC=<a src folder>" >&2; return 2; }
+      mkdir -p "$out/base"
+      (export out=$out/base PYTHONPATH=$BASE_SRC:/tmp/site; stage_run "${1#base:}") ;;
     diag)
       python3 benchmarks/host_diag.py > "$out/host_diag.txt" 2>&1; head -8 "$out/host_diag.txt" ;;
     *)
