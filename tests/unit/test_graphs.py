@@ -61,6 +61,13 @@ def assert_same(a, b, atol=1e-6):
         torch.testing.assert_close(x, y, atol=atol, rtol=1e-5)
 
 
+def steps_match(manager, ref, seeds):
+    """One training step per seed through both; every step's outputs must agree."""
+    for i in seeds:
+        x = images(seed=i)
+        assert_same(step(manager, x), step(ref, x))
+
+
 @pytest.fixture
 def libreyolo_log(caplog, monkeypatch):
     monkeypatch.setattr(logging.getLogger("libreyolo"), "propagate", True)
@@ -168,9 +175,7 @@ def test_eval_mode_and_no_grad_run_the_plain_module_uncounted():
 def test_capture_failure_logs_one_line_and_trains_eager(libreyolo_log):
     backend = FakeBackend(fail_capture=True)
     manager, ref = pair(backend)
-    for i in range(8):
-        x = images(seed=i)
-        assert_same(step(manager, x), step(ref, x))
+    steps_match(manager, ref, range(8))
     assert_same(grads(manager.module), grads(ref))
     assert backend.captures == 1 and backend.releases == 1  # never retried
     [line] = lines(libreyolo_log)
@@ -184,13 +189,9 @@ def test_capture_failure_logs_one_line_and_trains_eager(libreyolo_log):
 def test_replay_failure_logs_one_line_and_the_step_still_gets_eager_results(libreyolo_log):
     backend = FakeBackend()
     manager, ref = pair(backend)
-    for i in range(4):
-        x = images(seed=i)
-        assert_same(step(manager, x), step(ref, x))
+    steps_match(manager, ref, range(4))
     backend.fail_replay = True
-    for i in range(4, 8):
-        x = images(seed=i)
-        assert_same(step(manager, x), step(ref, x))
+    steps_match(manager, ref, range(4, 8))
     assert_same(grads(manager.module), grads(ref))
     msgs = lines(libreyolo_log)
     assert len(msgs) == 2 and "replay failed" in msgs[1] and "planted replay failure" in msgs[1]
@@ -339,14 +340,10 @@ def test_replayed_gradients_accumulate_across_micro_batches():
     # between optimizer steps (set_to_none) must not lose that link.
     backend = EmulatedBackend()
     manager, ref = pair(backend)
-    for i in range(3):
-        x = images(seed=i)
-        assert_same(step(manager, x), step(ref, x))
+    steps_match(manager, ref, range(3))
     for module in (manager.module, ref):  # an optimizer update: zero_grad(set_to_none=True)
         module.zero_grad(set_to_none=True)
-    for i in range(3, 7):  # four replayed micro-batches accumulate into fresh .grad
-        x = images(seed=i)
-        assert_same(step(manager, x), step(ref, x))
+    steps_match(manager, ref, range(3, 7))  # four replayed micro-batches accumulate into fresh .grad
     assert manager.stats()["replayed_steps"] == 5
     assert_same(grads(manager.module), grads(ref), atol=1e-5)
     assert_same(list(manager.module.buffers()), list(ref.buffers()))
@@ -357,9 +354,7 @@ def test_replayed_gradients_accumulate_across_micro_batches():
 def test_a_replaced_gradient_is_taken_back_with_its_values():
     backend = EmulatedBackend()
     manager, ref = pair(backend)
-    for i in range(3):
-        x = images(seed=i)
-        assert_same(step(manager, x), step(ref, x))
+    steps_match(manager, ref, range(3))
     for module in (manager.module, ref):  # something swaps in new gradient tensors, values kept
         for p in module.parameters():
             p.grad = p.grad.clone()
@@ -376,9 +371,7 @@ def test_failed_backward_replay_recomputes_eagerly_once(libreyolo_log):
         step(manager, images(seed=i))
         step(ref, images(seed=i))
     backend.shapes[0].backward_graph.fail = True
-    for i in range(3, 6):
-        x = images(seed=i)
-        assert_same(step(manager, x), step(ref, x))
+    steps_match(manager, ref, range(3, 6))
     assert_same(grads(manager.module), grads(ref), atol=1e-5)
     assert_same(list(manager.module.buffers()), list(ref.buffers()))  # BN stats updated once per step
     msgs = lines(libreyolo_log)
@@ -407,9 +400,7 @@ def test_a_second_forward_before_the_backward_runs_eager():
 def test_forward_replay_failure_with_the_real_node_falls_back(libreyolo_log):
     backend = EmulatedBackend()
     manager, ref = pair(backend)
-    for i in range(3):
-        x = images(seed=i)
-        assert_same(step(manager, x), step(ref, x))
+    steps_match(manager, ref, range(3))
     backend.shapes[0].forward_graph.fail = True
     x = images(seed=3)
     assert_same(step(manager, x), step(ref, x))
