@@ -19,8 +19,8 @@ captured tensor back (zeroed, or holding the replacement's values) before it run
 Why a manual pair of `torch.cuda.CUDAGraph`s rather than `torch.cuda.make_graphed_callables`:
 - its backward hands AccumulateGrad *detached* static grad buffers, which AccumulateGrad may
   steal as `param.grad`; the next replay then overwrites that gradient, silently corrupting
-  gradient accumulation (pytorch issue 181723, open). Our trainer accumulates nbs/batch
-  micro-batches;
+  gradient accumulation (pytorch issue 181723, open), and our trainer accumulates nbs/batch
+  micro-batches. Ours has no buffers to steal: the graph adds into `.grad` itself (above);
 - it patches `module.forward` in place, which cannot be undone after a failure or an
   `invalidate()` and would nest for a second shape; we leave the module untouched, so eval,
   checkpoints and EMA see a plain module;

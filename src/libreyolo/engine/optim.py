@@ -4,8 +4,10 @@ Groups, in this order, each with a `name` key (the LR schedule finds the bias gr
   0 "weights": conv/linear weights (ndim >= 2, not in a norm layer), weight decay on;
   1 "norm":    norm-layer weights and any other non-bias parameter with ndim < 2, no decay;
   2 "bias":    every parameter called `bias`, no decay, own group so warmup can give it its own LR.
-Empty groups are left out. Build the optimizer after the model is on its device: fused
-optimizers check the parameters' device when they are created.
+Empty groups are left out. Each group holds one flat tensor of which its parameters and their
+gradients are views (`flatten`), so the optimizer, unscaling, clipping and zeroing launch per
+group, not per parameter. Build the optimizer after the model is on its device and in its memory
+format: moving the model afterwards would detach the parameters from the flat tensors.
 """
 
 from __future__ import annotations
