@@ -70,7 +70,7 @@ def prepare(user: dict[str, Any], workdir: Path) -> dict[str, Any]:
     from .model import LibreYOLO
 
     lib = LibreYOLO(user["model"])
-    cfg = build_config({**user, "workers": 0, "val": False}, lib.source.spec.defaults)
+    cfg = build_config({**user, "workers": 0, "val": False}, lib.source.defaults)
     data_cfg = load_data_config(cfg.data)
     torch.manual_seed(cfg.seed)
     model = lib._build(len(data_cfg.names))

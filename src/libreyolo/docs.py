@@ -30,7 +30,6 @@ Resolved once per run from `amp`, `amp_dtype` and the device; the run log states
   the epoch, the step and the last loss items. The loss is read back once per `log_interval`
   steps (the only host sync of the loop), so detection happens at that read; `last.pt` is only
   ever written from a finite state at an epoch end, so it is the last good state.
-- Family defaults: each family declares its own `amp` default (most train with `amp=true`).
 """
 
 
@@ -42,13 +41,33 @@ def hyperparameters_markdown() -> str:
     lines = ["# Hyperparameters", "",
              "Generated from `libreyolo.config.TrainConfig` by `libreyolo cfg --markdown`; do not edit by hand.",
              "Set any key as `key=value` on the command line or as a keyword of `LibreYOLO(...).train()`.",
-             "Family defaults override these base defaults; your values override both.", ""]
+             "A model's family and size defaults override these base defaults (see the last section); "
+             "your values override both.", ""]
     rows = config_table()
     for group, title in _GROUPS.items():
         lines += [f"## {title}", "", "| key | default | type | meaning |", "|---|---|---|---|"]
         lines += [f"| `{r['key']}` | `{r['default']}` | {_cell(r['type'])} | {r['doc']} |" for r in rows if r["group"] == group]
         lines.append("")
-    return "\n".join(lines) + "\n" + PRECISION
+    return "\n".join(lines) + "\n" + PRECISION + "\n" + model_defaults_markdown()
+
+
+def model_defaults_markdown() -> str:
+    """Per family, the keys its published recipe sets, then the keys a size's recipe changes."""
+    from .config import show_value
+    from .families import REGISTRY
+
+    def keys(values: dict) -> str:
+        return ", ".join(f"`{k}={show_value(v)}`" for k, v in values.items())
+
+    rows = ["## Model defaults", "",
+            "Where a family's published recipe differs from the base defaults, and where one of its sizes",
+            "differs again (the family comment in `families/<name>/spec.py` cites the recipe).",
+            "`libreyolo cfg model=NAME` prints every value one model trains with and where it comes from.",
+            "", "| family | sizes | defaults |", "|---|---|---|"]
+    for spec in REGISTRY.values():
+        rows.append(f"| {spec.display} | all | {keys(spec.defaults) or '-'} |")
+        rows += [f"| {spec.display} | {size} | {keys(values)} |" for size, values in spec.size_defaults.items()]
+    return "\n".join(rows) + "\n"
 
 
 def capture_support_markdown() -> str:

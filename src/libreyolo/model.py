@@ -45,6 +45,11 @@ class ModelSource:
     def arch(self) -> str:
         return arch_name(self.spec, self.size)
 
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The config overrides this model trains with (its family's recipe, then its size's)."""
+        return self.spec.defaults_for(self.size)
+
 
 def _official(name: str) -> tuple[FamilySpec, str] | None:
     for spec in REGISTRY.values():
@@ -84,6 +89,19 @@ def resolve_model(name: str) -> ModelSource:
     raise ModelNameError(f"unknown model '{name}': not a file, an official weights name "
                          f"(e.g. {weights_name(next(iter(REGISTRY.values())), 's')}) or an architecture "
                          f"(e.g. {examples})")
+
+
+def arch_of(name: str) -> tuple[FamilySpec, str]:
+    """The (family, size) a model name trains as, without downloading weights: a checkpoint file
+    is read, official weights names and architecture names are parsed; else the one-line error of
+    `resolve_model`."""
+    path = Path(name).expanduser() if isinstance(name, str) else None
+    if path is not None and not path.is_file():
+        official = _official(path.name)
+        if official is not None:
+            return official
+    source = resolve_model(name)  # a file or an architecture name: nothing to download
+    return source.spec, source.size
 
 
 def _try_download(name: str, dest: Path) -> str | None:
@@ -150,7 +168,7 @@ class LibreYOLO:
             return self._resume(user)
         if not user.get("data"):
             raise ConfigError("no dataset given: pass data=NAME or data=path/to/data.yaml (e.g. data=shapes)")
-        cfg = build_config(user, self.source.spec.defaults)
+        cfg = build_config(user, self.source.defaults)
         device = select_device(cfg.device)
         data_cfg = load_data_config(cfg.data)
         seed_everything(cfg.seed, cfg.deterministic)  # before building: the initial weights are seeded too
@@ -208,7 +226,7 @@ class LibreYOLO:
         if not user.get("data"):
             raise ConfigError("no dataset given: pass data=NAME or data=path/to/data.yaml (e.g. data=shapes)")
         user.setdefault("model", self.name)
-        cfg = build_config(user, self.source.spec.defaults)
+        cfg = build_config(user, self.source.defaults)
         device = select_device(cfg.device)
         data_cfg = load_data_config(cfg.data)
         ckpt = self.source.checkpoint

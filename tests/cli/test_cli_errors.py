@@ -87,6 +87,21 @@ def test_cfg_json_parses(cli):
     assert all(r["doc"] for r in rows)
 
 
+def test_cfg_of_a_model_shows_its_defaults_and_where_they_come_from(cli):
+    import json
+
+    rows = {r["key"]: r for r in json.loads(cli("cfg", "model=yolox-t", "--json").stdout)}
+    assert (rows["mixup"]["default"], rows["mixup"]["source"]) == ("0.0", "yolox-t")   # the tiny recipe
+    assert (rows["box"]["default"], rows["box"]["source"]) == ("5.0", "yolox")         # the family's
+    assert (rows["epochs"]["default"], rows["epochs"]["source"]) == ("100", "base")
+    text = cli("cfg", "LibreYOLOXs.pt").stdout  # an official weights name: parsed, never downloaded
+    assert any(line.split()[:4] == ["mixup", "1.0", "float", "yolox"] for line in text.splitlines())
+    bad = cli("cfg", "yolox-q")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: unknown model 'yolox-q'") and not bad.stdout
+    both = cli("cfg", "yolox-t", "--markdown")
+    assert both.returncode == 2 and "leave out the model" in both.stderr
+
+
 def test_version(cli):
     from libreyolo import __version__
 

@@ -222,6 +222,30 @@ def test_overfit_four_images(family):
     assert losses[-5:].mean() < 0.5 * losses[:5].mean()
 
 
+@pytest.mark.parametrize("family, size", ALL_SIZES)
+def test_every_size_trains_with_valid_defaults(family, size):
+    from libreyolo.config import build_config
+
+    spec = REGISTRY[family]
+    assert set(spec.size_defaults) <= set(spec.sizes)  # no recipe for a size that does not exist
+    cfg = build_config({"mosaic": 0.25}, spec.defaults_for(size))  # every value a valid config value
+    assert cfg.mosaic == 0.25  # the user's value wins over family and size
+    for key, value in {**spec.defaults, **spec.size_defaults.get(size, {})}.items():
+        if key != "mosaic":
+            assert getattr(cfg, key) == value
+
+
+def test_size_recipes_override_the_family_recipe():
+    from libreyolo.model import LibreYOLO
+
+    # YOLOX nano/tiny and RTMDet tiny/s (official configs): less mixup and scale jitter.
+    assert {k: LibreYOLO("yolox-t").source.defaults[k] for k in ("mixup", "scale")} == {"mixup": 0.0, "scale": 0.5}
+    assert LibreYOLO("yolox-n").source.defaults["mosaic"] == 0.5
+    assert {k: LibreYOLO("yolox-s").source.defaults[k] for k in ("mixup", "scale")} == {"mixup": 1.0, "scale": 0.9}
+    assert {k: LibreYOLO("rtmdet-t").source.defaults[k] for k in ("mixup", "scale")} == {"mixup": 0.5, "scale": 0.5}
+    assert {k: LibreYOLO("rtmdet-m").source.defaults[k] for k in ("mixup", "scale")} == {"mixup": 1.0, "scale": 0.9}
+
+
 def test_capture_support_matrix_in_the_docs_is_generated():
     from pathlib import Path
 

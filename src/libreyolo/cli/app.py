@@ -16,7 +16,7 @@ from collections.abc import Callable
 import typer
 
 from .. import __version__
-from ..errors import LibreYOLOError
+from ..errors import ConfigError, LibreYOLOError
 
 EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 
@@ -130,12 +130,24 @@ def val(ctx: typer.Context) -> None:
 
 @app.command()
 @user_errors
-def cfg(as_json: bool = typer.Option(False, "--json", help="One JSON list of {key, default, type, group, doc}."),
-        markdown: bool = typer.Option(False, "--markdown", help="The docs/hyperparameters.md table.")) -> None:
-    """Print every training key with its default, type and one-line doc."""
+def cfg(model: str = typer.Argument(None, metavar="[model=NAME]",
+                                    help="Show the defaults this model trains with: an architecture (yolox-t), "
+                                         "an official weights name or a checkpoint file."),
+        as_json: bool = typer.Option(False, "--json", help="One JSON list of {key, default, type, group, doc} "
+                                                           "(and source, with a model)."),
+        markdown: bool = typer.Option(False, "--markdown", help="The docs/hyperparameters.md tables.")) -> None:
+    """Print every training key with its default, type and one-line doc.
+
+    With a model, the defaults are the ones that model trains with, and a column says where each
+    comes from: base, the family's published recipe (e.g. yolox) or its size's (e.g. yolox-t)."""
     from ..config import config_table
 
-    rows = config_table()
+    sources = None
+    if model is not None:
+        if markdown:
+            raise ConfigError("--markdown prints the generic tables of docs/hyperparameters.md; leave out the model")
+        sources = model_default_sources(model.removeprefix("model="))
+    rows = config_table(sources)
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
@@ -144,10 +156,21 @@ def cfg(as_json: bool = typer.Option(False, "--json", help="One JSON list of {ke
 
         typer.echo(hyperparameters_markdown(), nl=False)
         return
-    width = {c: max(len(r[c]) for r in rows) for c in ("key", "default", "type")}
+    columns = ("key", "default", "type") + (("source",) if sources is not None else ())
+    width = {c: max(len(r[c]) for r in rows) for c in columns}
     for r in rows:
-        typer.echo(f"{r['key']:<{width['key']}}  {r['default']:<{width['default']}}  "
-                   f"{r['type']:<{width['type']}}  {r['doc']}")
+        typer.echo("  ".join(f"{r[c]:<{width[c]}}" for c in columns) + f"  {r['doc']}")
+
+
+def model_default_sources(name: str) -> dict[str, tuple[object, str]]:
+    """{key: (value, source)} for the keys a model's family or size sets (no download)."""
+    from ..families import arch_name
+    from ..model import arch_of
+
+    spec, size = arch_of(name)
+    sources = {k: (v, spec.name) for k, v in spec.defaults.items()}
+    sources.update({k: (v, arch_name(spec, size)) for k, v in spec.size_defaults.get(size, {}).items()})
+    return sources
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -69,3 +69,9 @@ class FamilySpec:
     defaults: dict[str, Any] = field(default_factory=dict)  # config overrides for this family
     capture: CapturePlan = CapturePlan("network")
     size_names: dict[str, str] = field(default_factory=dict)  # long spellings: {"tiny": "t"}
+    # Where a size's published recipe differs from the family's: {"t": {"mixup": 0.0}}.
+    size_defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def defaults_for(self, size: str) -> dict[str, Any]:
+        """The config overrides a model of this size trains with: family defaults < size defaults."""
+        return {**self.defaults, **self.size_defaults.get(size, {})}

@@ -44,7 +44,7 @@ def plan(lib, data: str, overrides: dict[str, Any]) -> dict[str, Any]:
     user = {**DEFAULTS, **overrides, "profile": True}
     # Without `profile`: only the batch and window sizes are needed here.
     cfg = build_config({**{k: v for k, v in user.items() if k != "profile"}, "model": lib.name, "data": data},
-                       lib.source.spec.defaults)
+                       lib.source.defaults)
     files = len(load_data_config(data).train)
     per_epoch = max(math.ceil(files / cfg.batch), 1)
     user["epochs"] = math.ceil((cfg.profile_skip + cfg.profile_steps) / per_epoch) + 1

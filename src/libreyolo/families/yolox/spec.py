@@ -21,16 +21,22 @@ SPEC = FamilySpec(
     # lr0 0.01 at our nominal batch nbs 64; SGD nesterov and weight decay 5e-4 already match.
     # - momentum 0.9, constant (no momentum warmup), and no gradient clipping;
     # - 5 warmup epochs from lr 0 for every group (warmup_bias_lr 0), then cosine to 0.05 * lr0;
-    # - mixup on every mosaic image (s..x; the nano and tiny recipes switch mixup off, which a
-    #   family-wide default cannot express), rotation +/-10 deg, shear +/-2 deg;
+    # - mixup on every mosaic image, rotation +/-10 deg, shear +/-2 deg;
+    # - mosaic scale jitter 0.1-2.0 (mosaic_scale): our symmetric `scale` gets closest with 0.9
+    #   (0.1-1.9);
     # - mosaic and mixup closed for the last 15 epochs (the L1 term switches on there too);
     # - loss gains: IoU term 5.0 (reg_weight), classification 1.0.
+    # Not expressed: the 416 px input of nano/tiny and the multi-scale range (image size stays
+    # the user's `imgsz`), nano's depthwise convs (the network's own choice, in net.py).
     defaults={
         "momentum": 0.9, "warmup_momentum": 0.9, "clip_grad": 0.0,
         "warmup_epochs": 5.0, "warmup_bias_lr": 0.0, "lr_schedule": "cosine", "lrf": 0.05,
-        "mixup": 1.0, "degrees": 10.0, "shear": 2.0, "no_aug_epochs": 15,
+        "mixup": 1.0, "scale": 0.9, "degrees": 10.0, "shear": 2.0, "no_aug_epochs": 15,
         "box": 5.0, "cls": 1.0,
     },
+    # exps/default/yolox_tiny.py and yolox_nano.py: no mixup, mosaic scale 0.5-1.5; nano also
+    # mosaics only half of the images (mosaic_prob 0.5).
+    size_defaults={"n": {"mixup": 0.0, "scale": 0.5, "mosaic": 0.5}, "t": {"mixup": 0.0, "scale": 0.5}},
     # The whole network is static-shape and sync-free; SimOTA and the loss stay eager.
     capture=CapturePlan("network", note=(
         "the whole network; SimOTA and the loss stay eager; the L1 branch at "
