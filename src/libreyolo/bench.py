@@ -102,19 +102,16 @@ class _SyncedPhases:
         self.times[name].append((time.perf_counter() - t0) * 1e3)
 
 
-def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
-    """One arm, in this process (called in a fresh subprocess by `bench_step`)."""
+def load_arm(workdir: Path, arm: str) -> tuple[Any, Any, dict[str, Any]]:
+    """The step context and batch of one arm, from what `prepare` saved: (ctx, batch, meta)."""
     import torch
 
     from .config import build_config
     from .data import Batch
     from .engine.device import select_device
-    from .engine.step import train_step
     from .engine.trainer import build_step_context, seed_everything
     from .families import get_family
     from .families.base import Targets
-    from .profiler import markers
-    from .profiler.analyze import gpu_intervals, union_length
 
     meta = json.loads((workdir / "meta.json").read_text())
     cfg = build_config({**meta["config"], **arm_delta(arm)})
@@ -132,6 +129,19 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
     pin = device.type == "cuda"
     batch = Batch(images=saved["images"].pin_memory() if pin else saved["images"],
                   targets=Targets(saved["boxes"], saved["labels"], saved["valid"]))
+    return ctx, batch, meta
+
+
+def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
+    """One arm, in this process (called in a fresh subprocess by `bench_step`)."""
+    import torch
+
+    from .engine.step import train_step
+    from .profiler import markers
+    from .profiler.analyze import gpu_intervals, union_length
+
+    ctx, batch, meta = load_arm(workdir, arm)
+    device = ctx.device
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
 
@@ -192,7 +202,7 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
     median = statistics.median(step_ms)
     return {
         "arm": arm, "arch": meta["arch"], "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "torch": torch.__version__, "batch": int(saved["images"].shape[0]), "imgsz": int(saved["images"].shape[-1]),
+        "torch": torch.__version__, "batch": int(batch.images.shape[0]), "imgsz": int(batch.images.shape[-1]),
         "precision": ctx.precision.describe(), "steps": steps, "warmup": warmup,
         "step_ms_min": min(step_ms), "step_ms_median": median,
         "kernel_busy_ms": busy_ms, "utilisation": None if busy_ms is None else busy_ms / median,
