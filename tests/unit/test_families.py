@@ -246,6 +246,33 @@ def test_size_recipes_override_the_family_recipe():
     assert {k: LibreYOLO("rtmdet-m").source.defaults[k] for k in ("mixup", "scale")} == {"mixup": 1.0, "scale": 0.9}
 
 
+@pytest.mark.parametrize("family", sorted(REGISTRY))
+def test_norms_carry_no_unused_batch_counter(family):
+    """BatchNorm's num_batches_tracked (one increment launch per norm per forward) is gone where
+    the momentum is set; checkpoints that still hold the counters load strictly."""
+    from torch import nn
+
+    spec = REGISTRY[family]
+    model = spec.build(spec.sizes[0], 3)
+    norms = {name: m for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+    assert norms and all(m.momentum is not None and m.num_batches_tracked is None for m in norms.values())
+    assert not any(k.endswith("num_batches_tracked") for k in model.state_dict())
+    older = {**model.state_dict(), **{f"{name}.num_batches_tracked": torch.tensor(7) for name in norms}}
+    twin = spec.build(spec.sizes[0], 3)
+    assert not twin.load_state_dict(older).missing_keys
+    assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), model.state_dict().values()))
+
+
+def test_a_cumulative_norm_keeps_its_counter():
+    from torch import nn
+
+    from libreyolo.families.common import drop_batch_counters_
+
+    model = drop_batch_counters_(nn.Sequential(nn.BatchNorm2d(4, momentum=None), nn.BatchNorm2d(4)))
+    model(torch.randn(2, 4, 3, 3))
+    assert model[0].num_batches_tracked.item() == 1 and model[1].num_batches_tracked is None
+
+
 def test_capture_support_matrix_in_the_docs_is_generated():
     from pathlib import Path
 

@@ -48,6 +48,27 @@ class ConvBNAct(nn.Module):
         self.bn = nn.Identity()
 
 
+def drop_batch_counters_(model: nn.Module) -> nn.Module:
+    """Remove the BatchNorm `num_batches_tracked` counters that nothing reads; returns `model`.
+
+    In training mode every BatchNorm adds 1 to its counter on each forward, one kernel launch per
+    norm (221 per YOLOv9-t forward, `benchmarks/op_count.py`), and the EMA copies the counters
+    after every update. The count only matters with `momentum=None` (a cumulative average), so
+    norms with a momentum lose the buffer and torch skips the increment. A state dict that still
+    carries the counters (an older checkpoint) loads: the key is dropped on the way in.
+    """
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is not None \
+                and m.num_batches_tracked is not None:
+            m.num_batches_tracked = None
+            m.register_load_state_dict_pre_hook(_drop_counter_key)
+    return model
+
+
+def _drop_counter_key(module: nn.Module, state_dict: dict, prefix: str, *_) -> None:
+    state_dict.pop(prefix + "num_batches_tracked", None)
+
+
 def fold_bn(weight: torch.Tensor, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight, bias) of one conv equal to `bn(conv(x))` in eval mode (running statistics)."""
     scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)

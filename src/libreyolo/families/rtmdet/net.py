@@ -34,7 +34,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common import BN_EPS, BN_MOMENTUM, AnchorCache, ConvBNAct, YOLOStyleModel, check_build_args, flatten_levels
+from ..common import (
+    BN_EPS,
+    BN_MOMENTUM,
+    AnchorCache,
+    ConvBNAct,
+    YOLOStyleModel,
+    check_build_args,
+    drop_batch_counters_,
+    flatten_levels,
+)
 
 STRIDES = (8, 16, 32)
 # CSPNeXt "P5": (in, out, blocks, residual, spp) per stage before scaling (mmdet cspnext.py).
@@ -259,4 +268,4 @@ class RTMDetModel(YOLOStyleModel):
 
 def build(size: str, num_classes: int) -> RTMDetModel:
     check_build_args("RTMDet", ARCHS, size, num_classes)
-    return RTMDetModel(size, num_classes)
+    return drop_batch_counters_(RTMDetModel(size, num_classes))

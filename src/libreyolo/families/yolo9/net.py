@@ -38,6 +38,7 @@ from ..common import (
     check_build_args,
     dfl_decode,
     dist2bbox,
+    drop_batch_counters_,
     flatten_levels,
     fold_bn,
     fuse_model_,
@@ -305,4 +306,4 @@ class YOLO9Model(YOLOStyleModel):
 
 def build(size: str, num_classes: int) -> YOLO9Model:
     check_build_args("YOLOv9", ARCHS, size, num_classes)
-    return YOLO9Model(size, num_classes)
+    return drop_batch_counters_(YOLO9Model(size, num_classes))

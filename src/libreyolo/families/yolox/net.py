@@ -31,7 +31,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..common import AnchorCache, ConvBNAct, YOLOStyleModel, check_build_args, flatten_levels, fuse_model_
+from ..common import (
+    AnchorCache,
+    ConvBNAct,
+    YOLOStyleModel,
+    check_build_args,
+    drop_batch_counters_,
+    flatten_levels,
+    fuse_model_,
+)
 
 STRIDES = (8, 16, 32)
 # YOLOX initialises the objectness and class biases to a 1 % prior probability (focal-loss style),
@@ -274,4 +282,4 @@ class YOLOXModel(YOLOStyleModel):
 
 def build(size: str, num_classes: int) -> YOLOXModel:
     check_build_args("YOLOX", ARCHS, size, num_classes)
-    return YOLOXModel(size, num_classes)
+    return drop_batch_counters_(YOLOXModel(size, num_classes))
