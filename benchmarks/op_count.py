@@ -8,7 +8,7 @@ launch costs ~10 us of CPU (docs/training-performance.md), so these counts say w
 step's host time goes without a GPU. The step is the real one (`train_step` on the context
 `build_step_context` builds: optimizer, clipping, EMA) on one batch of `shapes`, counted after two
 warm-up steps (anchor caches, optimizer state). Views (`view`, `expand`, `unbind`, ...) are
-counted apart: they launch nothing. On CPU, autocast is off and the optimizer is foreach rather
+counted apart: they launch nothing; `by_name` in the JSON has every operator's count per phase. On CPU, autocast is off and the optimizer is foreach rather
 than fused, so `forward` lacks autocast's casts and `optimizer` differs from a CUDA step; the
 loss, backward and EMA counts carry over. Prints a table; `--json` writes the records.
 """
@@ -84,7 +84,7 @@ def count(model: str, batch: int, imgsz: int, device: str) -> dict:
             "precision": ctx.precision.describe(),
             "ops": {p: counter.ops[p] for p in PHASES}, "views": {p: counter.views[p] for p in PHASES},
             "total_ops": sum(counter.ops[p] for p in PHASES),
-            "top_ops": {p: counter.by_name[p].most_common(5) for p in PHASES}}
+            "by_name": {p: dict(counter.by_name[p].most_common()) for p in PHASES}}
 
 
 def table(records: list[dict]) -> str:
