@@ -130,9 +130,9 @@ def val(ctx: typer.Context) -> None:
 
 @app.command()
 @user_errors
-def cfg(model: str = typer.Argument(None, metavar="[model=NAME]",
-                                    help="Show the defaults this model trains with: an architecture (yolox-t), "
-                                         "an official weights name or a checkpoint file."),
+def cfg(model: str = typer.Argument(None, metavar="MODEL",
+                                    help="Show the defaults this model trains with (`yolox-t` or `model=yolox-t`): "
+                                         "an architecture, an official weights name or a checkpoint file."),
         as_json: bool = typer.Option(False, "--json", help="One JSON list of {key, default, type, group, doc} "
                                                            "(and source, with a model)."),
         markdown: bool = typer.Option(False, "--markdown", help="The docs/hyperparameters.md tables.")) -> None:
