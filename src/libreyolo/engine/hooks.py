@@ -124,7 +124,7 @@ class ResultsHook(Hook):
             # checkpoint would otherwise appear twice).
             with path.open(newline="") as f:
                 rows = list(csv.reader(f))
-            kept = [r for r in rows[1:] if r and int(r[0]) <= trainer.start_epoch]
+            kept = [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= trainer.start_epoch]
             if not kept:
                 path.unlink()
                 return
