@@ -21,6 +21,7 @@
 #   base:STAGE       STAGE run on the code in $BASE_SRC (a `src` folder of another commit, carried
 #                    to the device), results under $OUT/base: a before/after comparison in one call
 #   diag             host launch cost and an eager YOLOv9-t step's CPU time by op (benchmarks/host_diag.py)
+#   ops              operators per step phase on CUDA, float16 autocast, b8 at 640 (benchmarks/op_count.py)
 #   bench-families-bs  bench step YOLOX-t and RTMDet-t batch 2 and 32 float16, eager and graphed
 #   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, 100 epochs
 #   train-yolox      YOLOX-t from scratch on shapes at 640, float16, graphed (capture invalidated
@@ -124,6 +125,9 @@ stage_run() {
       (export out=$out/base PYTHONPATH=$BASE_SRC:/tmp/site; stage_run "${1#base:}") ;;
     diag)
       python3 benchmarks/host_diag.py > "$out/host_diag.txt" 2>&1; head -8 "$out/host_diag.txt" ;;
+    ops)
+      python3 benchmarks/op_count.py --device cuda --batch 8 --imgsz 640 --json "$out/op_count_cuda.json" \
+        | tee "$out/op_count_cuda.md" ;;
     *)
       echo "unknown stage '$1'" >&2; return 2 ;;
   esac
