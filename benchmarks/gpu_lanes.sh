@@ -11,7 +11,8 @@
 set -u
 out_final=${OUT:-gpu-results}
 export DEADLINE=$(( $(date +%s) + ${BUDGET:-530} )) OMP_NUM_THREADS=${OMP_NUM_THREADS:-8} OUT=/tmp/lanes
-mkdir -p "$OUT" "$out_final"
+# A warm machine keeps /tmp between calls: start empty so the archives hold this call's results only.
+rm -rf "$OUT" && mkdir -p "$OUT" "$out_final"
 cd "$(dirname "$0")/.."
 # Split the physical cores in two halves; each lane gets every logical CPU of its cores.
 cpus() {  # cpus HALF(0|1) -> comma list of logical CPUs
