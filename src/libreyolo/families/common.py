@@ -221,7 +221,7 @@ def dfl_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 class YOLOStyleModel(nn.Module):
     """The training-model contract for single-stage families (families/base.py): `self.net` is the
     whole network, so it is what CUDA graphs capture and nothing eager remains after it.
-    Subclasses set `self.net` and define `predict(images)`."""
+    Subclasses set `self.net` and define `decode(raw maps) -> [B, A, 4 + nc]`."""
 
     net: nn.Module
 
@@ -234,6 +234,9 @@ class YOLOStyleModel(nn.Module):
 
     def forward(self, images: torch.Tensor):
         return self.net(images) if self.training else self.predict(images)
+
+    def predict(self, images: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.net(images))
 
 
 class PerImageLoss:

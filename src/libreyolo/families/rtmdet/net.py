@@ -253,7 +253,6 @@ class RTMDetModel(YOLOStyleModel):
         self.net = RTMDetNet(ARCHS[size], num_classes)
         self.priors = AnchorCache(STRIDES, offset=0.0, pixels=True)  # cell corners, pixels
 
-
     def decode(self, preds: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Raw maps -> [B, A, 4 + nc]: xyxy input pixels, then sigmoid scores (float32)."""
         points, _ = self.priors(preds)
@@ -261,9 +260,6 @@ class RTMDetModel(YOLOStyleModel):
             x = flatten_levels(preds, torch.float32)
             logits, dist = x.split((self.num_classes, 4), -1)
             return torch.cat((decode_boxes(dist, points), logits.sigmoid()), -1)
-
-    def predict(self, images: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.net(images))
 
 
 def build(size: str, num_classes: int) -> RTMDetModel:

@@ -281,7 +281,6 @@ class YOLO9Model(YOLOStyleModel):
         self.net = GELAN(ARCHS[size], num_classes)
         self.anchors = AnchorCache(STRIDES)
 
-
     def decode(self, preds: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Raw head maps -> [B, A, 4 + nc]: xyxy boxes in input pixels, then sigmoid scores.
 
@@ -293,9 +292,6 @@ class YOLO9Model(YOLOStyleModel):
             dist = dfl_decode(x[..., : 4 * self.reg_max], self.reg_max)
             boxes = dist2bbox(dist, points) * strides
             return torch.cat((boxes, x[..., 4 * self.reg_max:].sigmoid()), -1)
-
-    def predict(self, images: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.net(images))
 
     def fuse(self) -> YOLO9Model:
         """Deploy form, in place: BN folded into convs, RepConvN branches merged. Inference only:

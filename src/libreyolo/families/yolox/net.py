@@ -250,7 +250,6 @@ class YOLOXModel(YOLOStyleModel):
         self.grids = AnchorCache(STRIDES, offset=0.0)  # cell corners, grid units
         self.use_l1 = False
 
-
     def set_epoch(self, epoch: int, cfg) -> str | None:
         """L1 on from the epoch mosaic closes (`epochs - no_aug_epochs`), as YOLOX trains; returns
         a reason only at the epoch the loss changes (resuming past the switch: the first epoch)."""
@@ -270,9 +269,6 @@ class YOLOXModel(YOLOStyleModel):
             boxes = decode_boxes(x[..., :4], grid, strides)
             scores = x[..., 4:5].sigmoid() * x[..., 5:].sigmoid()
             return torch.cat((boxes, scores), -1)
-
-    def predict(self, images: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.net(images))
 
     def fuse(self) -> YOLOXModel:
         """Deploy form, in place: BN folded into the convs; inference only (eval mode)."""
