@@ -93,12 +93,14 @@ def prior_prob_bias(num_classes: int, stride: int, img_size: int = 640, objects:
     return math.log(objects / num_classes / (img_size / stride) ** 2)
 
 
-def check_build_args(display: str, sizes, size: str, num_classes: int) -> None:
-    """The one-line errors every family's `build(size, num_classes)` gives for bad arguments."""
+def build_model(model_cls: type[nn.Module], display: str, sizes, size: str, num_classes: int) -> nn.Module:
+    """What every family's `build(size, num_classes)` does: one-line errors for bad arguments,
+    then `model_cls(size, num_classes)` with its unused BatchNorm counters dropped."""
     if size not in sizes:
         raise ConfigError(f"unknown {display} size {size!r}; choose one of {', '.join(sizes)}")
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+    return drop_batch_counters_(model_cls(size, num_classes))
 
 
 # --------------------------------------------------------------------------- anchors / decode

@@ -40,8 +40,7 @@ from ..common import (
     AnchorCache,
     ConvBNAct,
     YOLOStyleModel,
-    check_build_args,
-    drop_batch_counters_,
+    build_model,
     flatten_levels,
 )
 
@@ -263,5 +262,4 @@ class RTMDetModel(YOLOStyleModel):
 
 
 def build(size: str, num_classes: int) -> RTMDetModel:
-    check_build_args("RTMDet", ARCHS, size, num_classes)
-    return drop_batch_counters_(RTMDetModel(size, num_classes))
+    return build_model(RTMDetModel, "RTMDet", ARCHS, size, num_classes)

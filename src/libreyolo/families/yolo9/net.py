@@ -35,10 +35,9 @@ from ..common import (
     AnchorCache,
     ConvBNAct,
     YOLOStyleModel,
-    check_build_args,
+    build_model,
     dfl_decode,
     dist2bbox,
-    drop_batch_counters_,
     flatten_levels,
     fold_bn,
     fuse_model_,
@@ -301,5 +300,4 @@ class YOLO9Model(YOLOStyleModel):
 
 
 def build(size: str, num_classes: int) -> YOLO9Model:
-    check_build_args("YOLOv9", ARCHS, size, num_classes)
-    return drop_batch_counters_(YOLO9Model(size, num_classes))
+    return build_model(YOLO9Model, "YOLOv9", ARCHS, size, num_classes)

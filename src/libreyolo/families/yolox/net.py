@@ -35,8 +35,7 @@ from ..common import (
     AnchorCache,
     ConvBNAct,
     YOLOStyleModel,
-    check_build_args,
-    drop_batch_counters_,
+    build_model,
     flatten_levels,
     fuse_model_,
 )
@@ -277,5 +276,4 @@ class YOLOXModel(YOLOStyleModel):
 
 
 def build(size: str, num_classes: int) -> YOLOXModel:
-    check_build_args("YOLOX", ARCHS, size, num_classes)
-    return drop_batch_counters_(YOLOXModel(size, num_classes))
+    return build_model(YOLOXModel, "YOLOX", ARCHS, size, num_classes)
