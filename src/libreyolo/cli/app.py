@@ -146,7 +146,10 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
     if model is not None:
         if markdown:
             raise ConfigError("--markdown prints the generic tables of docs/hyperparameters.md; leave out the model")
-        sources = model_default_sources(model.removeprefix("model="))
+        from ..model import arch_of
+
+        spec, size = arch_of(model.removeprefix("model="))
+        sources = spec.default_sources(size)
     rows = config_table(sources)
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
@@ -160,17 +163,6 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
     width = {c: max(len(r[c]) for r in rows) for c in columns}
     for r in rows:
         typer.echo("  ".join(f"{r[c]:<{width[c]}}" for c in columns) + f"  {r['doc']}")
-
-
-def model_default_sources(name: str) -> dict[str, tuple[object, str]]:
-    """{key: (value, source)} for the keys a model's family or size sets (no download)."""
-    from ..families import arch_name
-    from ..model import arch_of
-
-    spec, size = arch_of(name)
-    sources = {k: (v, spec.name) for k, v in spec.defaults.items()}
-    sources.update({k: (v, arch_name(spec, size)) for k, v in spec.size_defaults.get(size, {}).items()})
-    return sources
 
 
 def main(argv: list[str] | None = None) -> None:

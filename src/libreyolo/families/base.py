@@ -74,4 +74,13 @@ class FamilySpec:
 
     def defaults_for(self, size: str) -> dict[str, Any]:
         """The config overrides a model of this size trains with: family defaults < size defaults."""
-        return {**self.defaults, **self.size_defaults.get(size, {})}
+        return {key: value for key, (value, _) in self.default_sources(size).items()}
+
+    def default_sources(self, size: str) -> dict[str, tuple[Any, str]]:
+        """`defaults_for(size)` with where each value comes from: the family ('yolox') or the
+        size ('yolox-t')."""
+        from . import arch_name  # the registry module imports this one
+
+        sources = {key: (value, self.name) for key, value in self.defaults.items()}
+        sources.update({key: (value, arch_name(self, size)) for key, value in self.size_defaults.get(size, {}).items()})
+        return sources
