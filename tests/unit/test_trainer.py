@@ -75,3 +75,20 @@ def test_resume_of_an_optimizer_state_that_does_not_fit_is_one_line(tmp_path):
     with pytest.raises(CheckpointError) as err:
         LibreYOLO("yolo9-t").train(resume=str(old))
     assert "\n" not in str(err.value) and "fine-tune from its weights" in str(err.value)
+
+
+def test_run_timings_cover_epochs_validation_and_checkpoints(tmp_path):
+    import json
+
+    result = LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), eval_interval=3,
+                                        **{**TINY, "val": True})
+    t = result.timings
+    assert json.loads((result.run_dir / "timings.json").read_text()) == t
+    assert len(t["epochs_s"]) == 3 and t["first_epoch_s"] == t["epochs_s"][0]
+    later = t["epochs_s"][1:]
+    assert t["steady_epoch_s"] == pytest.approx(sum(later) / 2, abs=1e-3)  # the median of two
+    assert t["first_epoch_overhead_s"] == pytest.approx(t["first_epoch_s"] - t["steady_epoch_s"], abs=1e-3)
+    assert t["validation_s"] > 0 and t["val_img_s"] > 0  # one validation of the 32 val images
+    assert t["checkpoint_s"] > 0  # last.pt every epoch, best.pt once
+    assert t["created_unix"] <= t["first_step_unix"]
+    assert t["train_s"] >= sum(t["epochs_s"]) + t["validation_s"]

@@ -75,7 +75,7 @@ def train(ctx: typer.Context) -> None:
     architecture (yolo9-t), an official weights name (LibreYOLO9s.pt) or a checkpoint file;
     data= a built-in dataset (shapes, coco128) or a dataset yaml. resume=true continues the
     newest run's last.pt; resume=path/last.pt a given one. Prints the best checkpoint's path on
-    stdout when done (--json: one JSON object with run_dir, best and metrics).
+    stdout when done (--json: one JSON object with run_dir, best, metrics and timings).
     """
     from .grammar import parse_overrides
 
@@ -97,7 +97,7 @@ def train(ctx: typer.Context) -> None:
     typer.echo(f"done: {result.epochs_run} epochs, results in {result.run_dir}"
                + (f"; {metrics}" if metrics else ""), err=True)
     typer.echo(json.dumps({"run_dir": str(result.run_dir), "best": str(result.best),
-                           "metrics": result.metrics}) if as_json else str(result.best))
+                           "metrics": result.metrics, "timings": result.timings}) if as_json else str(result.best))
 
 
 @app.command(context_settings=EXTRA)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from ..errors import CheckpointError, LibreYOLOError
 from ..families.base import FamilySpec
 from ..profiler.markers import phase
 from ..profiler.window import profiler_hooks
+from ..profiler.artifacts import write_json_atomic
 from . import checkpoint as ckpt_io
 from .ema import ModelEMA
 from .graphs import GraphManager
@@ -27,6 +28,7 @@ from .optim import accumulate_steps, build_optimizer
 from .precision import Precision
 from .schedule import LRSchedule
 from .step import StepContext, train_step
+from .timings import RunClock, describe
 
 log = logging.getLogger("libreyolo")
 
@@ -42,6 +44,7 @@ class TrainResult:
     best: Path
     last: Path
     epochs_run: int
+    timings: dict[str, Any] = field(default_factory=dict)  # engine/timings.py: where the time went
 
 
 class Trainer:
@@ -50,6 +53,7 @@ class Trainer:
                  hooks: list[Hook] | None = None):
         from ..data import build_train_loader, build_val_loader  # data imports are heavy-ish
 
+        self.clock = RunClock()
         self.cfg, self.family, self.size, self.data_cfg = cfg, family, size, data_cfg
         self.run_dir, self.device = run_dir, device
         seed_everything(cfg.seed, cfg.deterministic)
@@ -82,6 +86,7 @@ class Trainer:
         log.info(f"training {self.family.display}-{self.size} on {self.data_cfg.name} "
                  f"({self.train_loader.num_images} train images) for {self.cfg.epochs} epochs on "
                  f"{_device_name(self.device)}; precision: {self.precision.describe()}; run dir {self.run_dir}")
+        self.clock.start_train()
         self._call("before_train")
         epochs_run = 0
         for epoch in range(self.start_epoch, self.cfg.epochs):
@@ -95,11 +100,15 @@ class Trainer:
             if self.stop:
                 break
         self._call("after_train")
+        self.clock.finish()
+        timings = self.clock.summary()
+        write_json_atomic(self.run_dir / "timings.json", timings)
+        log.info(describe(timings))
         weights = self.run_dir / "weights"
         best = weights / "best.pt"
         return TrainResult(metrics=dict(self.metrics), run_dir=self.run_dir,
                            best=best if best.exists() else weights / "last.pt",
-                           last=weights / "last.pt", epochs_run=epochs_run)
+                           last=weights / "last.pt", epochs_run=epochs_run, timings=timings)
 
     def _family_epoch(self) -> None:
         """Let the family switch epoch-dependent training (YOLOX's L1 term when mosaic closes); a
@@ -116,14 +125,14 @@ class Trainer:
         self._epoch_sum = [0.0] * len(self.item_names)
         self._epoch_count = 0
         self._reset_interval()
+        t_epoch = time.perf_counter()
         batches = iter(self.train_loader)
         since_update = 0
         for batch_index in range(n):
             self.batch_index = batch_index
-            t0 = time.perf_counter()
             with phase("data"):
                 batch = next(batches)
-            self.data_time = time.perf_counter() - t0
+            self.clock.first_step(time.perf_counter() - t_epoch)
             self.iteration = self.epoch * n + self.batch_index
             self.schedule.step(self.iteration)
             self._call("before_step")
@@ -142,6 +151,8 @@ class Trainer:
                 if self._interval_steps:
                     self._read_losses()  # so the epoch line shows the steps that did run
                 break
+        # The last read-back synchronised with the device, so this is the epoch's real length.
+        self.clock.add_epoch(time.perf_counter() - t_epoch)
 
     # --- loss bookkeeping: device-side sums, one read-back per log interval ---------------------
     def _reset_interval(self) -> None:
@@ -195,9 +206,11 @@ class Trainer:
         from ..eval import evaluate
 
         model = self.ema.ema if self.ema is not None else self.model
-        return evaluate(model, self.val_loader, self.device, conf=self.cfg.conf, iou=self.cfg.iou,
-                        max_det=self.cfg.max_det, amp_dtype=self.precision.dtype,
-                        names=self.data_cfg.names, progress=False)
+        metrics = evaluate(model, self.val_loader, self.device, conf=self.cfg.conf, iou=self.cfg.iou,
+                           max_det=self.cfg.max_det, amp_dtype=self.precision.dtype,
+                           names=self.data_cfg.names, progress=False)
+        self.clock.val_images += int(metrics.get("num_images", 0))
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -238,11 +251,20 @@ class Trainer:
 
     # --- hooks ----------------------------------------------------------------------------------
     def _call(self, event: str) -> None:
-        for hook in list(self.hooks):  # a copy: hooks may remove themselves
+        if event in _STEP_EVENTS:  # every step: kept to the bare calls
+            for hook in list(self.hooks):  # a copy: hooks may remove themselves
+                getattr(hook, event)(self)
+            return
+        for hook in list(self.hooks):
+            t0 = time.perf_counter()
             getattr(hook, event)(self)
+            self.clock.add_hook(type(hook).__name__, time.perf_counter() - t0)
 
     def remove_hook(self, hook: Hook) -> None:
         self.hooks.remove(hook)
+
+
+_STEP_EVENTS = ("before_step", "after_step")
 
 
 def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, device: torch.device) -> StepContext:
