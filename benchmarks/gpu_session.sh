@@ -30,27 +30,39 @@
 #   yolox-invalidate YOLOX-t graphed, 12 epochs with no_aug_epochs=4: capture, invalidate, re-capture
 #   finetune         YOLOv9-t: 40 epochs from scratch, then 20-epoch fine-tunes at batch 8, 640,
 #                    workers 4: eager (seeds 0 and 1) and graphed (seed 0); wall time + mAP
+#   tta:E:ARMS:SEEDS time to accuracy (benchmarks/time_to_accuracy.py), E epochs on the 800/100
+#                    generated set at 640, batch 8, workers 8: ARMS comma-separated (ours-graph,
+#                    ours-eager, ours-sgd-graph, peer-default, peer-sgd), SEEDS comma-separated;
+#                    TTA_EXTRA="key=value ..." goes to our arms; results tta_E_<ARMS>.json/.md
 #
 # REPEAT=N runs every bench arm N times (arms interleaved) and records the run-to-run spread.
 #
-# Missing packages travel as wheels in .whl/ (see the device tool's README): faster-coco-eval,
-# plotly, holistictraceanalysis + pydot. Each arm of `bench step` is its own process; its record
-# carries `stage_seconds` so a slow arm shows where its time went.
+# Missing packages travel as wheels (see the device tool's README): .whl/base/ (faster-coco-eval,
+# plotly, holistictraceanalysis + pydot) goes on our PYTHONPATH; .whl/peer/ (the peer trainer,
+# ultralytics, and what it needs) into its own folder that only the peer's runs see. Each arm of
+# `bench step` is its own process; its record carries `stage_seconds` so a slow arm shows where
+# its time went.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
 mkdir -p "$out"
 gpu=${CUDA_VISIBLE_DEVICES:-all}
-if ls .whl/*.whl >/dev/null 2>&1 && [ ! -e /tmp/site/.done ]; then
-  mkdir -p /tmp/site
-  # Two lanes may start together: one installs, the other waits for it.
-  if mkdir /tmp/site/.lock 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    touch /tmp/site/.done
+install_wheels() {  # install_wheels DIR TARGET: once per machine; a second lane waits for the first
+  ls "$1"/*.whl >/dev/null 2>&1 || return 0
+  [ -e "$2/.done" ] && return 0
+  mkdir -p "$2"
+  if mkdir "$2/.lock" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" "$1"/*.whl || exit 1
+    touch "$2/.done"
   else
-    while [ ! -e /tmp/site/.done ]; do sleep 1; done
+    while [ ! -e "$2/.done" ]; do sleep 1; done
   fi
-fi
+}
+install_wheels .whl/base /tmp/site
+install_wheels .whl/peer /tmp/peer-site
+# The peer's interpreter: the same python3 with the peer's packages in front.
+printf '#!/bin/sh\nPYTHONPATH=/tmp/peer-site:/tmp/site exec python3 "$@"\n' > /tmp/peer-python
+chmod +x /tmp/peer-python
 export PYTHONPATH=$PWD/src:/tmp/site BASE_SRC=${BASE_SRC:+$(realpath "$BASE_SRC")}
 export LIBREYOLO_CACHE=${LIBREYOLO_CACHE:-/tmp/libreyolo-cache} PYTHONUNBUFFERED=1
 # Both lanes need the dataset: generation is atomic, so a race only wastes a second.
@@ -116,6 +128,14 @@ stage_run() {
         train "ft_$1_seed$2" model="$runs/pre_yolo9t/weights/best.pt" imgsz=640 batch=8 nbs=8 epochs=20 workers=4 \
           eval_interval=20 amp_dtype=float16 seed="$2" $extra
       done ;;
+    tta:*:*:*)
+      IFS=: read -r _ epochs arms seeds <<< "$1"
+      tag=tta_${epochs}_$(printf %s "$arms" | tr -c 'A-Za-z0-9' '-')  # file names: letters, digits, -
+      YOLO_CONFIG_DIR=/tmp/peer-cfg python3 benchmarks/time_to_accuracy.py --arms "$arms" \
+        --epochs "$epochs" --seeds ${seeds//,/ } --work /tmp/tta --peer-python /tmp/peer-python \
+        --ours-extra ${TTA_EXTRA:-} --out "$out/$tag.json" > "$out/$tag.md"
+      cat "$out/$tag.md"
+      (cd /tmp/tta && tar czf "$out/${tag}_logs.tgz" *.log */timings.json */results.csv 2>/dev/null) ;;
     bench:*:*)
       IFS=: read -r _ model batch <<< "$1"
       matrix "step_${model}_b$batch" --models "$model" --batches "$batch" --arms "${ARMS:-$six}" ;;

@@ -92,3 +92,17 @@ def test_run_timings_cover_epochs_validation_and_checkpoints(tmp_path):
     assert t["checkpoint_s"] > 0  # last.pt every epoch, best.pt once
     assert t["created_unix"] <= t["first_step_unix"]
     assert t["train_s"] >= sum(t["epochs_s"]) + t["validation_s"]
+
+
+@pytest.mark.parametrize("benchmark,deterministic,expected", [(True, False, True), (False, False, False),
+                                                               (True, True, False)])
+def test_cudnn_benchmark_key(benchmark, deterministic, expected):
+    from libreyolo.engine.trainer import seed_everything
+
+    before = torch.backends.cudnn.benchmark
+    try:
+        seed_everything(0, deterministic, benchmark)
+        assert torch.backends.cudnn.benchmark is expected
+    finally:
+        torch.backends.cudnn.benchmark = before
+        torch.use_deterministic_algorithms(False)

@@ -56,7 +56,7 @@ class Trainer:
         self.clock = RunClock()
         self.cfg, self.family, self.size, self.data_cfg = cfg, family, size, data_cfg
         self.run_dir, self.device = run_dir, device
-        seed_everything(cfg.seed, cfg.deterministic)
+        seed_everything(cfg.seed, cfg.deterministic, cfg.cudnn_benchmark)
         self.model = model.to(device)
         if cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -289,15 +289,13 @@ def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, d
                        graphs=graphs)
 
 
-def seed_everything(seed: int, deterministic: bool) -> None:
+def seed_everything(seed: int, deterministic: bool, cudnn_benchmark: bool = True) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-    else:
-        torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = cudnn_benchmark and not deterministic
 
 
 def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
