@@ -94,14 +94,14 @@ def test_run_timings_cover_epochs_validation_and_checkpoints(tmp_path):
     assert t["train_s"] >= sum(t["epochs_s"]) + t["validation_s"]
 
 
-@pytest.mark.parametrize("benchmark,deterministic,expected", [(True, False, True), (False, False, False),
+@pytest.mark.parametrize("autotune,deterministic,expected", [(True, False, True), (False, False, False),
                                                                (True, True, False)])
-def test_cudnn_benchmark_key(benchmark, deterministic, expected):
+def test_cudnn_benchmark_key(autotune, deterministic, expected):
     from libreyolo.engine.trainer import seed_everything
 
     before = torch.backends.cudnn.benchmark
     try:
-        seed_everything(0, deterministic, benchmark)
+        seed_everything(0, deterministic, autotune)
         assert torch.backends.cudnn.benchmark is expected
     finally:
         torch.backends.cudnn.benchmark = before
