@@ -41,7 +41,7 @@ class TrainConfig:
     patience: int = _key(100, "stop after this many epochs without mAP improvement (0 = never)", lo=0)
     log_interval: int = _key(10, "steps between loss read-backs from the device (the only host sync of the loop)", lo=1)
     # --- optimisation --------------------------------------------------------------------------
-    optimizer: Literal["sgd", "adamw"] = _key("sgd", "optimizer: sgd (nesterov) or adamw", group="optim")
+    optimizer: Literal["auto", "sgd", "adamw"] = _key("auto", "sgd (nesterov), adamw, or auto: AdamW with lr0 0.002*5/(4+classes), momentum 0.9 for runs of <= 10000 optimizer steps, else SGD", group="optim")
     lr0: float = _key(0.01, "initial learning rate", lo=0.0, group="optim")
     lrf: float = _key(0.01, "final learning rate as a fraction of lr0", lo=0.0, hi=1.0, group="optim")
     lr_schedule: Literal["cosine", "linear"] = _key("linear", "decay from lr0 to lr0*lrf: cosine or linear", group="optim")

@@ -44,9 +44,13 @@ def test_warmup_endpoints_and_bias_group():
     assert opt.param_groups[1]["momentum"] == pytest.approx(0.937)
 
 
-def test_warmup_floor_and_no_warmup():
+def test_warmup_floor_cap_and_no_warmup():
+    _, sched = make(cfg(warmup_epochs=1.0, epochs=20), steps_per_epoch=10)
+    assert sched.warmup_batches == 100  # 10 batches, raised to the 100-batch floor
     _, sched = make(cfg(warmup_epochs=1.0), steps_per_epoch=10)
-    assert sched.warmup_batches == 100
+    assert sched.warmup_batches == 90  # the floor, cut at the start of the last of 10 epochs
+    _, sched = make(cfg(epochs=1))
+    assert sched.warmup_batches == 0  # a one-epoch run never warms up
     opt, sched = make(cfg(warmup_epochs=0))
     assert sched.warmup_batches == 0
     sched.step(0)
@@ -56,25 +60,50 @@ def test_warmup_floor_and_no_warmup():
 
 @pytest.mark.parametrize("kind", ["cosine", "linear"])
 def test_decay_endpoints(kind):
-    _, sched = make(cfg(lr_schedule=kind, epochs=11))
+    _, sched = make(cfg(lr_schedule=kind, epochs=10))
     assert sched.epoch_lr(0) == pytest.approx(0.01)
-    assert sched.epoch_lr(10) == pytest.approx(0.01 * 0.01)
+    assert sched.epoch_lr(10) == pytest.approx(0.01 * 0.01)  # where the run ends, after the last epoch
     assert sched.epoch_lr(5) == pytest.approx((0.01 + 0.0001) / 2)  # both pass the midpoint
     quarter = sched.epoch_lr(2.5)
     if kind == "linear":
         assert quarter == pytest.approx(0.01 - 0.25 * (0.01 - 0.0001))
+        assert sched.epoch_lr(9) == pytest.approx(0.0001 + 0.1 * (0.01 - 0.0001))  # the last epoch
     else:  # a cosine stays near lr0 longer
         assert quarter > 0.01 - 0.25 * (0.01 - 0.0001)
     lr = [sched.epoch_lr(e) for e in range(11)]
     assert all(a > b for a, b in itertools.pairwise(lr))
 
 
-def test_adamw_beta1_follows_the_momentum_warmup():
-    opt, sched = make(cfg(optimizer="adamw", lr0=0.001))
-    sched.step(0)
-    assert opt.param_groups[0]["betas"] == (pytest.approx(0.8), 0.999)
-    sched.step(10_000)
-    assert opt.param_groups[0]["betas"] == (pytest.approx(0.937), 0.999)
+def test_five_epoch_linear_factors():
+    """The per-epoch factors of a 5-epoch linear run (lrf 0.01), as the peer trainer uses them."""
+    _, sched = make(cfg(lr_schedule="linear", epochs=5, lr0=1.0))
+    assert [sched.epoch_lr(e) for e in range(5)] == pytest.approx([1.0, 0.802, 0.604, 0.406, 0.208])
+
+
+def test_adamw_beta1_is_not_warmed_up():
+    opt, sched = make(cfg(optimizer="adamw", lr0=0.001, momentum=0.9))
+    for i in (0, 75, 10_000):
+        sched.step(i)
+        assert opt.param_groups[0]["betas"] == (pytest.approx(0.9), 0.999)
+
+
+@pytest.mark.parametrize("steps,expected", [(500, "adamw"), (10_000, "adamw"), (10_001, "sgd")])
+def test_optimizer_auto(steps, expected):
+    from dataclasses import replace
+
+    from libreyolo.config import TrainConfig
+    from libreyolo.engine.optim import resolve_auto
+
+    base = TrainConfig()
+    assert base.optimizer == "auto"
+    cfg_, line = resolve_auto(base, 10, steps)
+    assert cfg_.optimizer == expected and f"{steps} optimizer steps" in line
+    if expected == "adamw":  # 0.002 * 5 / (4 + 10 classes), beta1 0.9, no bias warmup LR
+        assert (cfg_.lr0, cfg_.momentum, cfg_.warmup_bias_lr) == (0.000714, 0.9, 0.0)
+    else:
+        assert (cfg_.lr0, cfg_.momentum, cfg_.warmup_bias_lr) == (base.lr0, base.momentum, base.warmup_bias_lr)
+    chosen = replace(base, optimizer="sgd")
+    assert resolve_auto(chosen, 10, steps) == (chosen, None)
 
 
 def test_accumulation_ramps_during_warmup():

@@ -168,3 +168,20 @@ def test_gains_from_cfg():
     _, items2 = doubled(preds, tg)
     assert base.gains == (7.5, 0.5, 1.5)
     assert torch.allclose(items2, items * 2, rtol=1e-5)
+
+
+def test_assigner_min_side_gives_a_tiny_gt_candidates():
+    """A 6 px gt centred between the centres of 8 px cells (at 4, 12, 20, 28) has no anchor
+    centre inside; grown to 16 px for the candidate test it has the 2 x 2 cells around it (the
+    IoU, and so the soft target, is still against the real box)."""
+    points = torch.tensor([[x + 4.0, y + 4.0] for y in range(0, 32, 8) for x in range(0, 32, 8)])
+    gt = torch.tensor([[[13.0, 13.0, 19.0, 19.0]]])  # centre (16, 16): no cell centre inside
+    pd_boxes = gt.expand(1, len(points), 4).clone()  # every anchor predicts the gt exactly
+    scores = torch.full((1, len(points), 2), 0.5)
+    labels, valid = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool)
+    plain = TaskAlignedAssigner(2, topk=10)(scores, pd_boxes, points, labels, gt, valid)
+    assert not plain.fg.any()
+    grown = TaskAlignedAssigner(2, topk=10, min_side=16)(scores, pd_boxes, points, labels, gt, valid)
+    inside = [i for i, (x, y) in enumerate(points.tolist()) if 8 < x < 24 and 8 < y < 24]
+    assert grown.fg[0].nonzero().flatten().tolist() == inside == [5, 6, 9, 10]
+    assert torch.allclose(grown.scores[0, inside, 0], torch.ones(4))  # IoU 1 with the real box

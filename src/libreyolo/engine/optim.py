@@ -12,6 +12,7 @@ format: moving the model afterwards would detach the parameters from the flat te
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
@@ -21,9 +22,33 @@ from torch import nn
 from libreyolo.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "adamw")
+# optimizer=auto: a run of at most this many optimizer steps trains with AdamW, a longer one with
+# SGD. The rule, the threshold and the AdamW learning rate below are the peer trainer's
+# (Ultralytics 8.x `optimizer=auto`): on the 5-epoch benchmark of docs/training-performance.md its
+# AdamW beat its SGD arm, as ours did.
+AUTO_MAX_ADAMW_STEPS = 10_000
 
 # Layers whose weight is a per-channel scale: decaying it towards 0 fights the normalisation.
 _NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+
+
+def resolve_auto(cfg: Any, num_classes: int, optimizer_steps: int) -> tuple[Any, str | None]:
+    """`optimizer=auto` made concrete for this run: (cfg with optimizer/lr0/momentum set, log line).
+
+    Short runs (fine-tunes) get AdamW with lr0 = 0.002 * 5 / (4 + num_classes) (rounded to 6
+    decimals), beta1 0.9 and no bias warmup LR; long ones SGD with the configured lr0 and
+    momentum. Any other optimizer passes through unchanged (line None).
+    """
+    if str(cfg.optimizer).lower() != "auto":
+        return cfg, None
+    if optimizer_steps > AUTO_MAX_ADAMW_STEPS:
+        return dataclasses.replace(cfg, optimizer="sgd"), (
+            f"optimizer=auto: SGD lr0={cfg.lr0:g} momentum={cfg.momentum:g} ({optimizer_steps} optimizer "
+            f"steps > {AUTO_MAX_ADAMW_STEPS}; optimizer=sgd|adamw chooses yourself)")
+    lr0 = round(0.002 * 5 / (4 + num_classes), 6)
+    return dataclasses.replace(cfg, optimizer="adamw", lr0=lr0, momentum=0.9, warmup_bias_lr=0.0), (
+        f"optimizer=auto: AdamW lr0={lr0:g} momentum=0.9 warmup_bias_lr=0 ({optimizer_steps} optimizer "
+        f"steps <= {AUTO_MAX_ADAMW_STEPS}, {num_classes} classes; optimizer=sgd|adamw chooses yourself)")
 
 
 def accumulate_steps(batch: int, nbs: int) -> int:
@@ -57,7 +82,7 @@ def build_optimizer(model: nn.Module, cfg: Any, *, device_type: str) -> torch.op
     per step, and GradScaler can skip its `.item()` sync), else foreach.
     """
     name = str(cfg.optimizer).lower()
-    if name not in OPTIMIZERS:
+    if name not in OPTIMIZERS:  # `auto` is resolved before (resolve_auto)
         raise ConfigError(
             f"optimizer={cfg.optimizer!r} is not supported; use one of {', '.join(OPTIMIZERS)}"
         )

@@ -4,13 +4,17 @@ Everything is a pure function of (epoch, batch index), counted in *batches* (not
 steps), so a run resumed at epoch k recomputes exactly the values it would have had; the object
 holds no state that matters beyond the configuration. All values are host-side Python floats.
 
-- Decay: the epoch's target LR falls from `lr0` at epoch 0 to `lr0 * lrf` at the last epoch
-  (`epochs - 1`), along a half cosine or a straight line (`lr_schedule`); constant in an epoch.
-- Warmup, over the first `max(round(warmup_epochs * steps_per_epoch), 100)` batches
-  (none when `warmup_epochs == 0`): the "bias" group's LR goes linearly from `warmup_bias_lr` to
-  the target, the other groups' from 0 to the target; momentum (SGD momentum, AdamW beta1) from
-  `warmup_momentum` to `momentum`; the batches accumulated per optimizer step from 1 to
-  `accumulate`, so early updates are small and frequent.
+- Decay: epoch e trains at lr0 * f(e / epochs), f falling from 1 to `lrf` along a straight line
+  or a half cosine (`lr_schedule`), constant within an epoch. The run ends where lr0 * lrf would
+  begin: the last epoch still trains at lr0 * f((E - 1) / E), as the YOLOv5-8 trainers do. (Ending
+  *at* lrf wasted a short run's last epoch: a 5-epoch run's last epoch trained at 0.01 lr0, and
+  its mean LR was 16 % lower; docs/training-performance.md has the measured effect.)
+- Warmup, over the first `max(round(warmup_epochs * steps_per_epoch), 100)` batches, but never
+  past the start of the last epoch (none when `warmup_epochs == 0` or a one-epoch run): the
+  "bias" group's LR goes linearly from `warmup_bias_lr` to the target, the other groups' from 0
+  to the target; SGD momentum from `warmup_momentum` to `momentum` (AdamW's beta1 stays at
+  `momentum`: it is an averaging constant, not a step size); the batches accumulated per
+  optimizer step from 1 to `accumulate`, so early updates are small and frequent.
 """
 
 from __future__ import annotations
@@ -55,14 +59,15 @@ class LRSchedule:
         self.cosine = cfg.lr_schedule == "cosine"
         self.momentum, self.warmup_momentum = float(cfg.momentum), float(cfg.warmup_momentum)
         self.warmup_bias_lr = float(cfg.warmup_bias_lr)
-        warm = round(cfg.warmup_epochs * self.steps_per_epoch)
-        self.warmup_batches = max(warm, MIN_WARMUP_BATCHES) if cfg.warmup_epochs > 0 else 0
+        warm = max(round(cfg.warmup_epochs * self.steps_per_epoch), MIN_WARMUP_BATCHES)
+        last_epoch_start = (self.epochs - 1) * self.steps_per_epoch
+        self.warmup_batches = min(warm, last_epoch_start) if cfg.warmup_epochs > 0 else 0
         self.is_bias = [g.get("name") == "bias" for g in optimizer.param_groups]
         self.last_iteration = -1
 
     def epoch_lr(self, epoch: int) -> float:
-        """The decayed target LR of `epoch` (lr0 at epoch 0, lr0 * lrf at the last epoch)."""
-        progress = min(max(epoch / max(self.epochs - 1, 1), 0.0), 1.0)
+        """The decayed target LR of `epoch` (lr0 at epoch 0, reaching lr0 * lrf after the last)."""
+        progress = min(max(epoch / self.epochs, 0.0), 1.0)
         if self.cosine:
             progress = (1.0 - math.cos(math.pi * progress)) / 2.0
         return self.lr0 * (1.0 + (self.lrf - 1.0) * progress)
@@ -97,9 +102,7 @@ class LRSchedule:
         momentum = self.momentum_at(epoch, batch_index)
         for group, lr in zip(self.optimizer.param_groups, self.lr_at(epoch, batch_index)):
             group["lr"] = lr
-            if "betas" in group:
-                group["betas"] = (momentum, group["betas"][1])
-            elif "momentum" in group:
+            if "momentum" in group and "betas" not in group:
                 group["momentum"] = momentum
         self.last_iteration = int(iteration)
 

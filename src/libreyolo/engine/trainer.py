@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from . import checkpoint as ckpt_io
 from .ema import ModelEMA
 from .graphs import GraphManager
 from .hooks import CheckpointHook, Hook, ProgressHook, ResultsHook, ValidationHook
-from .optim import accumulate_steps, build_optimizer
+from .optim import accumulate_steps, build_optimizer, resolve_auto
 from .precision import Precision
 from .schedule import LRSchedule
 from .step import StepContext, train_step
@@ -63,6 +64,11 @@ class Trainer:
         self.train_loader = build_train_loader(data_cfg, cfg)
         self.val_loader = build_val_loader(data_cfg, cfg) if cfg.val else None
         self.steps_per_epoch = len(self.train_loader)
+        updates = cfg.epochs * math.ceil(self.steps_per_epoch / accumulate_steps(cfg.batch, cfg.nbs))
+        cfg, message = resolve_auto(cfg, len(data_cfg.names), updates)
+        if message:
+            log.info(message)
+        self.cfg = cfg  # checkpoints hold the resolved optimizer: a resume trains on with it
         self.ctx = build_step_context(cfg, family, self.model, device)
         self.optimizer, self.precision, self.ema, self.criterion, self.graphs = (
             self.ctx.optimizer, self.ctx.precision, self.ctx.ema, self.ctx.criterion, self.ctx.graphs)

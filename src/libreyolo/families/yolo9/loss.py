@@ -43,7 +43,8 @@ class YOLO9Loss(PerImageLoss):
         self.num_classes = model.num_classes
         self.reg_max = model.reg_max
         self.anchors = AnchorCache(tuple(model.strides))
-        self.assigner = TaskAlignedAssigner(self.num_classes, topk=10, alpha=0.5, beta=6.0)
+        self.assigner = TaskAlignedAssigner(self.num_classes, topk=10, alpha=0.5, beta=6.0,
+                                            min_side=float(model.strides[1]))
         self.gains = tuple(float(getattr(cfg, k, v)) for k, v in DEFAULT_GAINS.items())
 
     def _per_image(self, preds: tuple[torch.Tensor, ...], targets: Any) -> tuple[torch.Tensor, torch.Tensor]:
