@@ -18,9 +18,9 @@ from torch import nn
 from ..config import TrainConfig
 from ..errors import CheckpointError, LibreYOLOError
 from ..families.base import FamilySpec
+from ..profiler.artifacts import write_json_atomic
 from ..profiler.markers import phase
 from ..profiler.window import profiler_hooks
-from ..profiler.artifacts import write_json_atomic
 from . import checkpoint as ckpt_io
 from .ema import ModelEMA
 from .graphs import GraphManager
