@@ -109,15 +109,12 @@ def load_arm(workdir: Path, arm: str) -> tuple[Any, Any, dict[str, Any]]:
     from .config import build_config
     from .data import Batch
     from .engine.device import select_device
-    from .engine.optim import resolve_auto
     from .engine.trainer import build_step_context, seed_everything
     from .families import get_family
     from .families.base import Targets
 
     meta = json.loads((workdir / "meta.json").read_text())
     cfg = build_config({**meta["config"], **arm_delta(arm)})
-    # optimizer=auto as a short run resolves it (what a fine-tune at defaults steps with).
-    cfg, _ = resolve_auto(cfg, meta["num_classes"], optimizer_steps=1)
     device = select_device(cfg.device)
     seed_everything(cfg.seed, cfg.deterministic)
     spec = get_family(meta["family"])

@@ -76,7 +76,7 @@ class TrainConfig:
     # NHWC is cuDNN's native layout for fp16/bf16 convolutions on Volta and newer: in NCHW, cuDNN
     # wraps convolutions in layout transposes (measured on the H200, docs/training-performance.md).
     channels_last: bool = _key(True, "channels_last (NHWC) memory format for images and weights", group="speed")
-    cudnn_benchmark: bool = _key(True, "let cuDNN time its algorithms for each new convolution shape (slower first steps)", group="speed")
+    cudnn_benchmark: Union[Literal["auto"], bool] = _key("auto", "let cuDNN time its algorithms for each new convolution shape: true, false, or auto (on for runs of >= 2000 steps per image size)", group="speed")
     profile: bool = _key(False, "profile a window of training steps and write a report", group="speed")
     profile_skip: int = _key(5, "profiler: steps to skip before the window", lo=0, group="speed")
     profile_steps: int = _key(20, "profiler: steps in the window (first half unsynchronised, second synced)", lo=2, group="speed")
@@ -117,6 +117,8 @@ def describe_type(tp: Any) -> str:
             parts.append("none")
         if parts == ["ram|disk", "bool"]:
             return "false|ram|disk"
+        if parts == ["auto", "bool"]:
+            return "auto|bool"
         return "|".join(parts)
     return getattr(tp, "__name__", str(tp))
 

@@ -94,15 +94,28 @@ def test_run_timings_cover_epochs_validation_and_checkpoints(tmp_path):
     assert t["train_s"] >= sum(t["epochs_s"]) + t["validation_s"]
 
 
-@pytest.mark.parametrize("autotune,deterministic,expected", [(True, False, True), (False, False, False),
-                                                               (True, True, False)])
-def test_cudnn_benchmark_key(autotune, deterministic, expected):
-    from libreyolo.engine.trainer import seed_everything
+@pytest.mark.parametrize("key,epochs,sizes,deterministic,expected", [
+    ("auto", 5, 1, False, False), ("auto", 20, 1, False, True), ("auto", 20, 21, False, False),
+    (True, 5, 1, False, True), (False, 50, 1, False, False), (True, 50, 1, True, False)])
+def test_cudnn_autotune_policy(key, epochs, sizes, deterministic, expected):
+    from libreyolo.config import build_config
+    from libreyolo.engine.trainer import cudnn_autotune
 
-    before = torch.backends.cudnn.benchmark
-    try:
-        seed_everything(0, deterministic, autotune)
-        assert torch.backends.cudnn.benchmark is expected
-    finally:
-        torch.backends.cudnn.benchmark = before
-        torch.use_deterministic_algorithms(False)
+    cfg = build_config({"cudnn_benchmark": key, "epochs": epochs, "deterministic": deterministic})
+    on, line = cudnn_autotune(cfg, 100, sizes)  # 100 steps per epoch
+    assert on is expected
+    assert (line is not None) == (key == "auto" and not deterministic)
+
+
+def test_step_context_outside_the_trainer_resolves_optimizer_auto():
+    """bench, tests and host_diag build a step context from a config whose optimizer is still
+    `auto`: they get what auto gives a short run."""
+    from libreyolo.config import build_config
+    from libreyolo.engine.trainer import build_step_context
+    from libreyolo.families import get_family
+
+    spec = get_family("yolo9")
+    model = spec.build("t", 10)
+    ctx = build_step_context(build_config({"device": "cpu"}), spec, model, torch.device("cpu"))
+    assert isinstance(ctx.optimizer, torch.optim.AdamW)
+    assert ctx.optimizer.param_groups[0]["lr"] == pytest.approx(0.000714)

@@ -57,7 +57,7 @@ class Trainer:
         self.clock = RunClock()
         self.cfg, self.family, self.size, self.data_cfg = cfg, family, size, data_cfg
         self.run_dir, self.device = run_dir, device
-        seed_everything(cfg.seed, cfg.deterministic, cfg.cudnn_benchmark)
+        seed_everything(cfg.seed, cfg.deterministic)
         self.model = model.to(device)
         if cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -69,6 +69,10 @@ class Trainer:
         if message:
             log.info(message)
         self.cfg = cfg  # checkpoints hold the resolved optimizer: a resume trains on with it
+        autotune, message = cudnn_autotune(cfg, self.steps_per_epoch, len(self.train_loader.sampler.sizes))
+        torch.backends.cudnn.benchmark = autotune
+        if message and device.type == "cuda":
+            log.info(message)
         self.ctx = build_step_context(cfg, family, self.model, device)
         self.optimizer, self.precision, self.ema, self.criterion, self.graphs = (
             self.ctx.optimizer, self.ctx.precision, self.ctx.ema, self.ctx.criterion, self.ctx.graphs)
@@ -276,8 +280,11 @@ _STEP_EVENTS = ("before_step", "after_step")
 def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, device: torch.device) -> StepContext:
     """Optimizer, precision, EMA and criterion for `model` (already on `device`): what a step needs.
 
-    Shared by the trainer and `libreyolo bench step`, so the benchmark times the real step.
+    Shared by the trainer and `libreyolo bench step`, so the benchmark times the real step. The
+    trainer resolves `optimizer=auto` for its run length first; any other caller gets what auto
+    gives a short run (a fine-tune at defaults).
     """
+    cfg, _ = resolve_auto(cfg, model.num_classes, optimizer_steps=1)
     precision = Precision.create(cfg.amp, cfg.amp_dtype, device)
     if precision.message:
         log.info(precision.message)
@@ -295,13 +302,36 @@ def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, d
                        graphs=graphs)
 
 
-def seed_everything(seed: int, deterministic: bool, cudnn_benchmark: bool = True) -> None:
+def seed_everything(seed: int, deterministic: bool) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = cudnn_benchmark and not deterministic
+    torch.backends.cudnn.benchmark = not deterministic
+
+
+# cudnn_benchmark=auto turns autotuning on only for runs this long (steps per image size). On the
+# H200 (YOLOv9-t, batch 8, 640 px, float16, graphed) autotuning cost 13 s in the first epoch and
+# then saved 7.6 ms a step (2.36 s against 3.12 s per 100-step epoch): it pays for itself after
+# about 1,700 steps (docs/training-performance.md, "Fixed cost of a run").
+AUTOTUNE_MIN_STEPS = 2000
+
+
+def cudnn_autotune(cfg: TrainConfig, steps_per_epoch: int, sizes: int) -> tuple[bool, str | None]:
+    """(cudnn.benchmark for this run, a line saying why when `auto` decided).
+
+    Autotuning times every algorithm for each new convolution shape, so each training size (and
+    the validation shapes) pays it once; multi-scale runs pay it per size."""
+    if cfg.deterministic:
+        return False, None
+    if cfg.cudnn_benchmark != "auto":
+        return bool(cfg.cudnn_benchmark), None
+    steps = cfg.epochs * steps_per_epoch
+    on = steps >= AUTOTUNE_MIN_STEPS * sizes
+    per = f" over {sizes} image sizes" if sizes > 1 else ""
+    return on, (f"cudnn_benchmark=auto: {'on' if on else 'off'} ({steps} steps{per}; autotuning pays for "
+                f"itself after about {AUTOTUNE_MIN_STEPS} steps per size)")
 
 
 def _cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
