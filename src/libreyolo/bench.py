@@ -61,6 +61,20 @@ def arm_delta(arm: str) -> dict[str, Any]:
     return delta
 
 
+def parse_arms(text: str) -> list[str]:
+    """`float16,float16+graph` -> the arm names, each checked; ConfigError for an empty list or entry."""
+    from .errors import ConfigError
+
+    arms = [a.strip() for a in text.split(",")]
+    if not any(arms):
+        raise ConfigError(f"no arms given (arms: {', '.join(ARMS)}, e.g. arms=float16,float16+graph)")
+    if not all(arms):
+        raise ConfigError(f"empty arm in arms='{text}' (a stray comma?)")
+    for arm in arms:
+        arm_delta(arm)
+    return arms
+
+
 def prepare(user: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """Resolve config + model, save the initial weights and one real batch into `workdir`."""
     import torch
@@ -222,6 +236,10 @@ def bench_step(user: dict[str, Any], arms: list[str], steps: int = 24, warmup: i
     step time, plus `runs_ms` (each run's median step) and `spread` ((max - min) / median of
     those): the run-to-run noise a comparison between arms has to beat.
     """
+    from .errors import ConfigError
+
+    if not arms:
+        raise ConfigError(f"no arms given (arms: {', '.join(ARMS)}, e.g. arms=float16,float16+graph)")
     for arm in arms:
         arm_delta(arm)  # every arm name is checked before any work starts
     log = logging.getLogger("libreyolo")
