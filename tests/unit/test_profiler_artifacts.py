@@ -95,6 +95,39 @@ def _bad_files():
     }
 
 
+def _edited(edit) -> str:
+    profile = make_profile()
+    edit(profile)
+    return json.dumps(profile)
+
+
+# Right schema and version, wrong inner types: each is named by its path in the document.
+INNER = {
+    "headline string": (lambda p: p["headline"].update(step_ms_mean="fast"),
+                        'headline.step_ms_mean is "fast", not a number or null'),
+    "kernel row without name": (lambda p: p["kernels"]["rows"][1].pop("name"), "kernels.rows[1].name is missing"),
+    "kernel count float": (lambda p: p["kernels"]["rows"][0].update(count=1.5), "kernels.rows[0].count is 1.5, not an integer"),
+    "kernel share null": (lambda p: p["kernels"]["rows"][0].update(share=None), "kernels.rows[0].share is null, not a number"),
+    "phase host list": (lambda p: p["phases"][2].update(host_ms=[1]), "phases[2].host_ms is [1], not a number or null"),
+    "phase row a string": (lambda p: p["phases"].__setitem__(0, "forward"), 'phases[0] is "forward", not an object'),
+    "verdict reason number": (lambda p: p["verdict"].update(reason=3), "verdict.reason is 3, not a string"),
+    "cuda_graph string": (lambda p: p["run"].update(cuda_graph="on"), 'run.cuda_graph is "on", not an object or null'),
+    "overhead note number": (lambda p: p["overhead"].update(fraction=None, note=7), "overhead.note is 7, not a string"),
+    "rows not a list": (lambda p: p["kernels"].update(rows={"a": 1}), 'kernels.rows is {"a": 1}, not a list'),
+    "a bool count": (lambda p: p["kernels"]["rows"][0].update(count=True), "kernels.rows[0].count is true, not an integer"),
+}
+
+
+@pytest.mark.parametrize("case", list(INNER))
+def test_inner_types_are_checked_before_any_reader(tmp_path, case):
+    edit, expected = INNER[case]
+    path = tmp_path / "profile.json"
+    path.write_text(_edited(edit))
+    with pytest.raises(ProfileFormatError) as err:
+        artifacts.load_profile(path)
+    assert str(err.value) == f"'{path}' is incomplete or edited: {expected}"
+
+
 @pytest.mark.parametrize("case", list(_bad_files()))
 def test_unusable_profiles_are_one_line_errors(tmp_path, case):
     text, expected = _bad_files()[case]
