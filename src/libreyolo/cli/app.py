@@ -62,10 +62,26 @@ def user_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a line is logged, not as it was when the handler was
+    made: the CLI run in-process (tests, notebooks) sees its log lines where its errors go."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ and setStream assign it
+        pass
+
+
 def setup_logging() -> None:
     logger = logging.getLogger("libreyolo")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -181,7 +181,7 @@ def scan_split(name: str, files: list[Path], nc: int) -> Split:
     first = _first_decodable(keep, bad_image)
     keep, labels, sizes = keep[first:], labels[first:], sizes[first:]
     skipped = len(bad_label) + len(bad_image)
-    if skipped:
+    if skipped and keep:  # with none kept, the error below says the same in its one line
         log.warning("%s: %d of %d images skipped (%s)", name, skipped, len(files), _defects(bad_label, bad_image))
     if not keep:
         raise DataError(f"{name}: no usable images ({len(files)} found, all skipped: "
