@@ -81,14 +81,16 @@ def prepare(user: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
     from .config import build_config
     from .data import build_train_loader, load_data_config
-    from .model import LibreYOLO
+    from .model import LibreYOLO, check_batch, checking_inputs
 
     lib = LibreYOLO(user["model"])
     cfg = build_config({**user, "workers": 0, "val": False}, lib.source.defaults)
     data_cfg = load_data_config(cfg.data)
     torch.manual_seed(cfg.seed)
     model = lib._build(len(data_cfg.names))
-    loader = build_train_loader(data_cfg, cfg)
+    with checking_inputs():
+        loader = build_train_loader(data_cfg, cfg)
+        check_batch(cfg.batch, loader.num_images, data_cfg.name)  # else the timed batch would be smaller
     loader.set_epoch(0)
     batch = next(iter(loader))
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, workdir / "init.pt")

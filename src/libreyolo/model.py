@@ -320,6 +320,8 @@ def _train_in_new_run_dir(trainer, cfg: TrainConfig):
     from .engine.trainer import make_run_dir, write_args
 
     reused = cfg.exist_ok and (Path(cfg.project) / cfg.name).exists()
+    project = Path(cfg.project)
+    new_folders = [p for p in (project, *project.parents) if not p.exists()]  # deepest first
     run_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok)
     for stale in remove_stale_temps(run_dir / "weights"):  # a reused directory's killed writes
         log.info(f"removed {stale}, left by an interrupted checkpoint write")
@@ -328,21 +330,27 @@ def _train_in_new_run_dir(trainer, cfg: TrainConfig):
     try:
         return trainer.train()
     except (LibreYOLOError, KeyboardInterrupt):
-        if not reused:
-            _discard_if_empty(run_dir)
+        if not reused and _discard_if_empty(run_dir):
+            for folder in new_folders:  # project folders this run made, while nothing else is in them
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
         raise
 
 
-def _discard_if_empty(run_dir: Path) -> None:
+def _discard_if_empty(run_dir: Path) -> bool:
+    """Remove `run_dir` if it holds nothing but args.yaml (and an empty weights/); True if so."""
     weights = run_dir / "weights"
     if {p.name for p in run_dir.iterdir()} - {"args.yaml", "weights"}:
-        return
+        return False
     if weights.is_dir() and any(weights.iterdir()):
-        return
+        return False
     (run_dir / "args.yaml").unlink(missing_ok=True)
     if weights.is_dir():
         weights.rmdir()
     run_dir.rmdir()
+    return True
 
 
 def _check_fits(model, state: Any, path: Path, part: str, arch: str) -> None:

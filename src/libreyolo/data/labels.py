@@ -53,8 +53,10 @@ def label_path(image: Path) -> Path:
 
 def parse_label_file(path: Path, nc: int) -> np.ndarray:
     """Parse one label file into float32 [n, 5]; raises ValueError naming the first bad line."""
-    if not path.is_file():
+    if not path.exists():
         return np.zeros((0, 5), np.float32)
+    if not path.is_file():
+        raise ValueError("not a file")
     try:
         text = path.read_text(encoding="utf-8", errors="strict")
     except UnicodeDecodeError:
