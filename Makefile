@@ -3,7 +3,7 @@ PY ?= python3
 TORCH_PIN = torch==2.14.1 torchvision==0.29.1
 STAMP = .make-installed
 
-.PHONY: install test test-gpu lint demo docs bench-loader
+.PHONY: install test test-fresh test-gpu lint demo docs bench-loader
 
 $(STAMP): pyproject.toml
 	$(PY) -m pip install -q $(TORCH_PIN)
@@ -14,6 +14,17 @@ install: $(STAMP)  ## idempotent: re-runs only when pyproject.toml changed
 
 test: install  ## the CPU suite (GPU tests are skipped without CUDA)
 	$(PY) -m pytest -q -m "not gpu" --timeout=600 tests
+
+# A new virtual environment outside the tree, so nothing the machine has preinstalled (a newer or
+# older pytest) decides what the suite runs with; the test tools come from constraints-test.txt.
+FRESH ?= $(or $(TMPDIR),/tmp)/libreyolo-test-venv
+
+test-fresh:  ## the CPU suite in a fresh virtual environment (what a new machine resolves); CI runs this
+	rm -rf $(FRESH)
+	$(PY) -m venv $(FRESH)
+	$(FRESH)/bin/python -m pip install -q $(TORCH_PIN)
+	$(FRESH)/bin/python -m pip install -q -c constraints-test.txt -e ".[test]"
+	PATH="$(FRESH)/bin:$$PATH" $(FRESH)/bin/python -m pytest -q -m "not gpu" --timeout=600 tests
 
 test-gpu:  ## on a CUDA machine with the deps present: GPU tests only, no install step
 	PYTHONPATH=src $(PY) -m pytest -q -m gpu tests/gpu

@@ -6,6 +6,7 @@ import torch
 
 from libreyolo.data import Batch
 from libreyolo.families.base import Targets
+from libreyolo.profiler.artifacts import SCHEMA, SCHEMA_VERSION
 
 
 def random_targets(gen, b, m, px, nc, counts, *, min_wh=4.0, pos=0.7, extent=0.5) -> Targets:
@@ -77,3 +78,43 @@ def shapes_subset(root, n: int) -> str:
     (root / "data.yaml").write_text(json.dumps({"path": str(root), "train": "train.txt", "val": "val.txt",
                                                 "names": shapes.names}))
     return str(root / "data.yaml")
+
+
+# A kernel name with markup and a closing script tag: reports and timeline.html must show it as text.
+KERNEL = "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>, at::detail::Array<char*, 3> >(int, T&) [clone]</script>"
+
+
+def make_profile():
+    phases = [{"phase": name, "host_ms": 1.0, "synced_ms": 2.0, "cpu_ms": 1.0, "gpu_ms": 1.5, "busy_ms": 1.2,
+               "steps": 2, "share": 1 / 8} for name in ("data", "h2d", "forward", "loss", "backward", "optimizer",
+                                                        "ema", "other")]
+    head = {"verdict": "launch-bound", "step_ms_mean": 16.0, "step_ms_std": 0.5, "utilisation": 0.25,
+            "kernel_busy_ms": 4.0, "data_wait_ms": 0.2, "data_wait_frac": 0.0125, "syncs_per_step": 0.1,
+            "peak_memory_mb": 900.0, "precision": "float16 autocast, scaler on", "cuda_graph": False,
+            "device": "NVIDIA H200", "overhead_frac": 0.05}
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "created": "2026-01-01T00:00:00",
+        "run": {"arch": "yolo9-t", "batch": 8, "imgsz": 640, "workers": 8, "device_name": "NVIDIA H200",
+                "precision": head["precision"], "cuda_graph": {"enabled": False, "replayed_steps": 0, "pool_mb": None},
+                "run_dir": "runs/profile/prof"},
+        "window": {"skip": 5, "steps": 4, "first_half": 2, "second_half": 2, "first_iteration": 5, "last_iteration": 8},
+        "headline": head,
+        "verdict": {"name": "launch-bound", "reason": "GPU busy 25%: idle between 900 kernels per step",
+                    "lever": "cuda_graph=True (launch the network as one graph), or a larger batch"},
+        "utilisation": {"basis": "kernel busy / unsynchronised step time", "utilisation": 0.25},
+        "phases": phases,
+        "kernels": {"kind": "kernel", "rows": [
+            {"name": KERNEL, "count": 40, "total_ms": 3.0, "mean_us": 75.0, "share": 0.75},
+            {"name": "sm90_xmma_gemm [x]", "count": 10, "total_ms": 1.0, "mean_us": 100.0, "share": 0.25}]},
+        "steps": [
+            {"half": 1, "iteration": 5, "epoch": 0, "wall_ms": 16.0, "data_ms": 0.2, "busy_ms": 4.0, "kernels": 900,
+             "syncs": 0, "host_ms": {"data": 0.2, "forward": 6.0, "backward": 8.0}},
+            {"half": 1, "iteration": 6, "epoch": 0, "wall_ms": 16.5, "data_ms": 0.2, "busy_ms": 4.1, "kernels": 900,
+             "syncs": 1, "host_ms": {"data": 0.2, "forward": 6.1, "backward": 8.1}},
+            {"half": 2, "iteration": 7, "epoch": 0, "wall_ms": 20.0, "data_ms": 0.3,
+             "phases": {"forward": {"wall_ms": 7.0, "cpu_ms": 6.0, "gpu_ms": 2.0, "busy_ms": 1.8}}},
+            {"half": 2, "iteration": 8, "epoch": 0, "wall_ms": 21.0, "data_ms": 0.3,
+             "phases": {"forward": {"wall_ms": 7.5, "cpu_ms": 6.0, "gpu_ms": 2.0, "busy_ms": 1.8}}}],
+        "memory": {"peak_allocated_mb": 900.0, "peak_reserved_mb": 1024.0, "host_peak_rss_mb": 3000.0},
+        "overhead": {"reference_ms": [15.0, 15.5], "profiled_ms": [16.0], "fraction": 0.05},
+    }

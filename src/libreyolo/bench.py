@@ -61,20 +61,36 @@ def arm_delta(arm: str) -> dict[str, Any]:
     return delta
 
 
+def parse_arms(text: str) -> list[str]:
+    """`float16,float16+graph` -> the arm names, each checked; ConfigError for an empty list or entry."""
+    from .errors import ConfigError
+
+    arms = [a.strip() for a in text.split(",")]
+    if not any(arms):
+        raise ConfigError(f"no arms given (arms: {', '.join(ARMS)}, e.g. arms=float16,float16+graph)")
+    if not all(arms):
+        raise ConfigError(f"empty arm in arms='{text}' (a stray comma?)")
+    for arm in arms:
+        arm_delta(arm)
+    return arms
+
+
 def prepare(user: dict[str, Any], workdir: Path) -> dict[str, Any]:
     """Resolve config + model, save the initial weights and one real batch into `workdir`."""
     import torch
 
     from .config import build_config
     from .data import build_train_loader, load_data_config
-    from .model import LibreYOLO
+    from .model import LibreYOLO, check_batch, checking_inputs
 
     lib = LibreYOLO(user["model"])
     cfg = build_config({**user, "workers": 0, "val": False}, lib.source.defaults)
     data_cfg = load_data_config(cfg.data)
     torch.manual_seed(cfg.seed)
     model = lib._build(len(data_cfg.names))
-    loader = build_train_loader(data_cfg, cfg)
+    with checking_inputs():
+        loader = build_train_loader(data_cfg, cfg)
+        check_batch(cfg.batch, loader.num_images, data_cfg.name)  # else the timed batch would be smaller
     loader.set_epoch(0)
     batch = next(iter(loader))
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, workdir / "init.pt")
@@ -222,6 +238,10 @@ def bench_step(user: dict[str, Any], arms: list[str], steps: int = 24, warmup: i
     step time, plus `runs_ms` (each run's median step) and `spread` ((max - min) / median of
     those): the run-to-run noise a comparison between arms has to beat.
     """
+    from .errors import ConfigError
+
+    if not arms:
+        raise ConfigError(f"no arms given (arms: {', '.join(ARMS)}, e.g. arms=float16,float16+graph)")
     for arm in arms:
         arm_delta(arm)  # every arm name is checked before any work starts
     log = logging.getLogger("libreyolo")

@@ -30,7 +30,7 @@ class TrainConfig:
     data: Union[str, None] = _key(None, "dataset: built-in name (shapes, coco128) or path to a dataset yaml", group="model", val=True)
     task: Literal["detect"] = _key("detect", "task to train", group="model")
     # --- loop ----------------------------------------------------------------------------------
-    epochs: int = _key(100, "number of training epochs", lo=1)
+    epochs: int = _key(100, "number of training epochs", lo=1, hi=100_000)
     batch: int = _key(16, "images per batch", lo=1, val=True)
     imgsz: int = _key(640, "square training/validation image size in pixels (multiple of 32)", lo=32, val=True)
     device: str = _key("auto", "cpu, cuda, cuda:N, N, or auto (first CUDA device if any)", val=True)
@@ -161,6 +161,24 @@ def _check_type(key: str, value: Any, tp: Any) -> Any:
     raise ConfigError(f"bad value for '{key}': {value!r} (allowed: {describe_type(tp)})")
 
 
+def _run_name(value: str) -> str | None:
+    """Why `value` cannot be a run directory name, or None: it is one folder under `project`."""
+    if not value.strip():
+        return "a folder name, not empty"
+    if "/" in value or "\\" in value or value in (".", ".."):
+        return "one folder name; put parent folders in project="
+    return None
+
+
+def _project(value: str) -> str | None:
+    return None if value.strip() else "a directory path, not empty"
+
+
+# Checks beyond type and range, for keys whose values name things on disk: each returns what is
+# allowed when the value is not.
+_SHAPE_CHECKS = {"name": _run_name, "project": _project}
+
+
 def check_value(key: str, value: Any) -> Any:
     """Validate one key's value (type, range); return the normalised value."""
     if key not in FIELDS:
@@ -172,6 +190,9 @@ def check_value(key: str, value: Any) -> Any:
         if lo is not None and value < lo or hi is not None and value > hi:
             span = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
             raise ConfigError(f"bad value for '{key}': {value!r} (allowed: {describe_type(_HINTS[key])} {span})")
+    problem = _SHAPE_CHECKS[key](value) if key in _SHAPE_CHECKS and isinstance(value, str) else None
+    if problem:
+        raise ConfigError(f"bad value for '{key}': {value!r} (allowed: {problem})")
     return value
 
 

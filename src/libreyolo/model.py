@@ -11,6 +11,7 @@ Model names follow four rules, in order (the CLI's `model=` uses the same):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import FIELDS, VAL_KEYS, TrainConfig, build_config
-from .errors import ConfigError, DataError, ModelNameError
+from .errors import CheckpointError, ConfigError, DataError, LibreYOLOError, ModelNameError
 from .families import REGISTRY, arch_name, get_family, parse_arch, weights_name
 from .families.base import FamilySpec
 
@@ -153,7 +154,7 @@ class LibreYOLO:
         """Train; returns a TrainResult (metrics, run_dir, best, last)."""
         from .data import load_data_config
         from .engine.device import select_device
-        from .engine.trainer import Trainer, make_run_dir, seed_everything, write_args
+        from .engine.trainer import Trainer, seed_everything
 
         user = dict(overrides)
         if data is not None:
@@ -173,14 +174,20 @@ class LibreYOLO:
         data_cfg = load_data_config(cfg.data)
         seed_everything(cfg.seed, cfg.deterministic)  # before building: the initial weights are seeded too
         model = self._build(len(data_cfg.names))
-        run_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok)
-        write_args(run_dir, cfg)
-        trainer = Trainer(cfg, self.source.spec, self.source.size, model, data_cfg, run_dir, device)
-        return trainer.train()
+        with checking_inputs():
+            # The trainer scans the labels and images and builds the loaders: every check of the
+            # inputs runs before the run directory exists, so a command that fails on them writes
+            # nothing.
+            trainer = Trainer(cfg, self.source.spec, self.source.size, model, data_cfg, None, device)
+            check_batch(cfg.batch, trainer.train_loader.num_images, data_cfg.name)
+            if cfg.nbs < cfg.batch:
+                log.info(f"nbs={cfg.nbs} is below batch={cfg.batch}: no gradient accumulation (one optimizer "
+                         f"step per batch) and weight decay scaled by batch/nbs = {cfg.batch / cfg.nbs:.3g}")
+        return _train_in_new_run_dir(trainer, cfg)
 
     def _resume(self, user: dict[str, Any]):
         from .data import load_data_config
-        from .engine.checkpoint import load_checkpoint
+        from .engine.checkpoint import check_resumable, load_checkpoint, remove_stale_temps
         from .engine.device import select_device
         from .engine.trainer import Trainer
 
@@ -190,6 +197,8 @@ class LibreYOLO:
         else:
             path = Path(str(resume))
         ckpt = load_checkpoint(path)
+        check_resumable(ckpt, path)
+        spec, size = self._resumed_arch(ckpt, path)
         changed = sorted(k for k in user if k not in RESUME_KEYS | {"model", "data"}
                          and user[k] != ckpt["config"].get(k))
         if changed:
@@ -201,19 +210,44 @@ class LibreYOLO:
         cfg = build_config(saved)
         if int(ckpt["epoch"]) + 1 >= cfg.epochs:
             raise ConfigError(f"'{path}' finished all {cfg.epochs} epochs; nothing to resume")
-        spec = get_family(ckpt["family"])
         data_cfg = load_data_config(cfg.data)
-        model = spec.build(ckpt["size"], len(ckpt["names"]))
+        if len(ckpt["names"]) != data_cfg.nc:
+            raise CheckpointError(f"cannot resume '{path}': it was trained on {len(ckpt['names'])} classes but "
+                                  f"dataset '{data_cfg.name}' has {data_cfg.nc}")
+        model = spec.build(size, len(ckpt["names"]))
+        for part in ("model", "ema"):
+            if ckpt.get(part) is not None:
+                _check_fits(model, ckpt[part], path, part, arch_name(spec, size))
         run_dir = path.resolve().parent.parent
-        trainer = Trainer(cfg, spec, ckpt["size"], model, data_cfg, run_dir, select_device(cfg.device),
-                          resume=ckpt)
+        with checking_inputs():
+            trainer = Trainer(cfg, spec, size, model, data_cfg, run_dir, select_device(cfg.device),
+                              resume=ckpt)
+            check_batch(cfg.batch, trainer.train_loader.num_images, data_cfg.name)
+        for stale in remove_stale_temps(path.resolve().parent):
+            log.info(f"removed {stale}, left by an interrupted checkpoint write")
         return trainer.train()
+
+    def _resumed_arch(self, ckpt: dict, path: Path) -> tuple[FamilySpec, str]:
+        """The checkpoint's (family, size); a model= naming another architecture is refused, not
+        silently swapped for the checkpoint's."""
+        spec = get_family(ckpt["family"])
+        size = ckpt["size"]
+        if size not in spec.sizes:
+            raise CheckpointError(f"'{path}' names size '{size}' unknown to {spec.display}")
+        arch = arch_name(spec, size)
+        if self.arch != arch:
+            raise ConfigError(f"'{path}' is a {arch} checkpoint but model={self.name} is {self.arch}: a resume "
+                              f"continues its checkpoint's model (drop model=, or train {self.name} without resume=)")
+        if self.source.path is not None and self.source.path.resolve() != path.resolve():
+            log.info(f"resuming {path}: the weights of model={self.name} are not used")
+        return spec, size
 
     def val(self, data: str | None = None, **overrides: Any) -> dict[str, float]:
         """Validate on a dataset's val split; returns {'map50_95', 'map50', ...}."""
         from .data import build_val_loader, load_data_config
         from .engine.device import select_device
         from .engine.precision import Precision
+        from .engine.trainer import out_of_memory_as_error
         from .eval import evaluate
 
         user = dict(overrides)
@@ -233,13 +267,114 @@ class LibreYOLO:
         if ckpt is not None and len(ckpt["names"]) != len(data_cfg.names):
             raise DataError(f"model was trained on {len(ckpt['names'])} classes but dataset "
                             f"'{data_cfg.name}' has {len(data_cfg.names)}")
-        if ckpt is None:
-            log.warning(f"validating {self.arch} with random weights (no checkpoint given)")
-        model = self._build(len(data_cfg.names)).to(device).eval()
-        precision = Precision.create(cfg.amp, cfg.amp_dtype, device)
-        loader = build_val_loader(data_cfg, cfg)
-        return evaluate(model, loader, device, conf=cfg.conf, iou=cfg.iou, max_det=cfg.max_det,
-                        amp_dtype=precision.dtype, names=data_cfg.names, progress=True)
+        with checking_inputs():
+            if ckpt is None:
+                log.warning(f"validating {self.arch} with random weights (no checkpoint given)")
+            model = self._build(len(data_cfg.names)).to(device).eval()
+            precision = Precision.create(cfg.amp, cfg.amp_dtype, device)
+            loader = build_val_loader(data_cfg, cfg)
+        with out_of_memory_as_error(cfg, device):
+            return evaluate(model, loader, device, conf=cfg.conf, iou=cfg.iou, max_det=cfg.max_det,
+                            amp_dtype=precision.dtype, names=data_cfg.names, progress=True)
+
+
+class _Held(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def checking_inputs():
+    """Hold back the log lines of the input checks (scan counts, precision, ...) until they pass.
+
+    A command that fails on its inputs then prints its one error line and nothing before it; one
+    that passes prints the held lines, in order, as if nothing had been held."""
+    logger = logging.getLogger("libreyolo")
+    held = _Held()
+    saved = logger.handlers, logger.propagate
+    logger.handlers, logger.propagate = [held], False
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = saved
+    for record in held.records:  # reached only when the checks passed
+        logger.handle(record)
+
+
+def check_batch(batch: int, images: int, data_name: str) -> None:
+    """A batch larger than the training set cannot be meant: every epoch would be one short batch."""
+    if batch > images:
+        raise ConfigError(f"batch={batch} is larger than the {images} usable training images of "
+                          f"'{data_name}': lower batch to {images} or less")
+
+
+def _train_in_new_run_dir(trainer, cfg: TrainConfig):
+    """Create the run directory (args.yaml first), then train. A run that fails before anything but
+    args.yaml was written (out of memory at the first step, say) takes its new directory away
+    with it: a failed command leaves nothing behind."""
+    from .engine.checkpoint import remove_stale_temps
+    from .engine.trainer import make_run_dir, write_args
+
+    reused = cfg.exist_ok and (Path(cfg.project) / cfg.name).exists()
+    project = Path(cfg.project)
+    new_folders = [p for p in (project, *project.parents) if not p.exists()]  # deepest first
+    run_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok)
+    for stale in remove_stale_temps(run_dir / "weights"):  # a reused directory's killed writes
+        log.info(f"removed {stale}, left by an interrupted checkpoint write")
+    write_args(run_dir, cfg)
+    trainer.run_dir = run_dir
+    try:
+        return trainer.train()
+    except (LibreYOLOError, KeyboardInterrupt):
+        if not reused and _discard_if_empty(run_dir):
+            for folder in new_folders:  # project folders this run made, while nothing else is in them
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+        raise
+
+
+def _discard_if_empty(run_dir: Path) -> bool:
+    """Remove `run_dir` if it holds nothing but args.yaml (and an empty weights/); True if so."""
+    weights = run_dir / "weights"
+    if {p.name for p in run_dir.iterdir()} - {"args.yaml", "weights"}:
+        return False
+    if weights.is_dir() and any(weights.iterdir()):
+        return False
+    (run_dir / "args.yaml").unlink(missing_ok=True)
+    if weights.is_dir():
+        weights.rmdir()
+    run_dir.rmdir()
+    return True
+
+
+def _check_fits(model, state: Any, path: Path, part: str, arch: str) -> None:
+    """The checkpoint's `part` weights load into `model` exactly, else one CheckpointError line
+    (instead of load_state_dict's many)."""
+    import torch
+
+    own = model.state_dict()
+    if not isinstance(state, dict):
+        raise CheckpointError(f"cannot resume '{path}': its '{part}' weights are not a state dict")
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    wrong = [k for k in own if k in state and (not isinstance(state[k], torch.Tensor) or state[k].shape != own[k].shape)]
+    if not (missing or unexpected or wrong):
+        return
+    if wrong:
+        k = wrong[0]
+        shape = tuple(state[k].shape) if isinstance(state[k], torch.Tensor) else type(state[k]).__name__
+        example = f"'{k}' is {shape} in the checkpoint, {tuple(own[k].shape)} in the model"
+    else:
+        example = f"'{(missing or unexpected)[0]}' is {'missing' if missing else 'unexpected'}"
+    raise CheckpointError(f"cannot resume '{path}': its {part} weights do not fit {arch} with {model.num_classes} "
+                          f"classes ({len(wrong)} of another shape, {len(missing)} missing, {len(unexpected)} "
+                          f"unexpected; e.g. {example})")
 
 
 def _latest_last(user: dict[str, Any]) -> Path:

@@ -9,7 +9,7 @@ CASES = [
     (["train", "amp=maybe"], "bad value for 'amp': 'maybe' (allowed: bool)"),
     (["train", "optimizer=adam"], "bad value for 'optimizer': 'adam' (allowed: sgd|adamw)"),
     (["train", "mosaic=1.5"], "bad value for 'mosaic': 1.5 (allowed: float in [0.0, 1.0])"),
-    (["train", "epochs=0"], "bad value for 'epochs': 0 (allowed: int >= 1)"),
+    (["train", "epochs=0"], "bad value for 'epochs': 0 (allowed: int in [1, 100000])"),
     (["train", "batch=2", "batch=4"], "key 'batch' given twice"),
     (["train", "amp_dtype=float8"], "bad value for 'amp_dtype': 'float8' (allowed: float16|bfloat16)"),
     (["train", "lr0=nan"], "bad value for 'lr0': 'nan' (allowed: float)"),

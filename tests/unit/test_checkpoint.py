@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from libreyolo.engine.checkpoint import MAGIC, SCHEMA, load_checkpoint, restore_rng_state, rng_state, save_checkpoint
+from libreyolo.engine.checkpoint import (
+    MAGIC,
+    SCHEMA,
+    check_resumable,
+    load_checkpoint,
+    remove_stale_temps,
+    restore_rng_state,
+    rng_state,
+    save_checkpoint,
+)
 from libreyolo.engine.precision import Precision, Resolution
 from libreyolo.errors import CheckpointError
 
@@ -86,7 +95,32 @@ def test_foreign_torch_file(tmp_path, obj):
 def test_text_file_is_not_a_checkpoint(tmp_path):
     path = tmp_path / "notes.pt"
     path.write_text("these are not weights\n" * 20)
-    assert "not a" in _one_line_error(path)
+    assert _one_line_error(path) == (f"'{path}' is not a LibreYOLO checkpoint (a text file: PyTorch checkpoints "
+                                     "are zip archives)")
+    path.write_bytes(bytes(range(256)))
+    assert "(not a PyTorch file: " in _one_line_error(path)
+
+
+def test_stale_temp_files_of_a_killed_write_are_removed(tmp_path):
+    save_checkpoint(tmp_path / "last.pt", _payload())
+    for name in (".last.pt.abc123.tmp", ".best.pt.x_9.tmp"):
+        (tmp_path / name).write_bytes(b"PK half")
+    (tmp_path / "notes.tmp").write_text("not ours")
+    removed = remove_stale_temps(tmp_path)
+    assert [p.name for p in removed] == [".best.pt.x_9.tmp", ".last.pt.abc123.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "notes.tmp"]
+
+
+@pytest.mark.parametrize("key,value,said", [("optimizer", None, "'optimizer' is missing"),
+                                            ("epoch", "3", "'epoch' is a str, not an int"),
+                                            ("config", [1], "'config' is a list, not a dict")])
+def test_a_weights_only_checkpoint_cannot_be_resumed(tmp_path, key, value, said):
+    ckpt = {**_payload(optimizer={}, precision={}, rng={}), key: value}
+    if value is None:
+        del ckpt[key]
+    with pytest.raises(CheckpointError) as err:
+        check_resumable(ckpt, "w.pt")
+    assert str(err.value) == f"'w.pt' cannot be resumed: its {said} (weights only? fine-tune from it with model=w.pt instead)"
 
 
 def test_newer_schema_says_upgrade(tmp_path):

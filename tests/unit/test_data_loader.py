@@ -87,7 +87,12 @@ def test_corrupt_files_are_skipped_with_one_summary_line(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="libreyolo"):
         split = scan_split("train", files, nc=4)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == ["train: 5 of 9 images skipped (4 corrupt labels, 1 unreadable image)"]
+    # One line: the counts, then the first few files with what is wrong in each.
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert warnings[0].startswith("train: 5 of 9 images skipped (4 corrupt labels, 1 unreadable image; "
+                                  "labels/train/1.txt: line 1: class id 7 out of range (the dataset has 4 "
+                                  "classes: 0..3); labels/train/2.txt: line 1: 4 columns, expected 5 (class cx cy w h); "
+                                  "labels/train/3.txt: line 1: 'zero' is not a number; and 2 more; in ")
     assert [p.name for p in split.files] == ["0.jpg", "4.jpg", "7.jpg", "8.jpg"]
     assert len(split.labels[2]) == 0 and split.labels[3][0, 1] == 1.0
     assert split.sizes[0] == tuple(decode_image(str(files[0])).shape[-2:])  # header == decode
@@ -219,3 +224,30 @@ def test_mosaic_and_mixup_partners_come_from_the_batch_pool(tmp_path):
         assert len(loads) > len(keys)  # partners were drawn
     loader.set_epoch(8)  # mosaic and mixup closed: no partners, no pool
     assert all(k.pool == () and k.mosaic == 0 and k.mixup == 0 for k in next(iter(loader.sampler)))
+
+
+def _break_pixels(path: Path) -> None:
+    """Keep a JPEG's header (so its size reads fine) and cut the pixel data in half."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_a_split_none_of_whose_images_decodes_is_an_error(tmp_path):
+    make_dataset(tmp_path, n=3)
+    for f in (tmp_path / "images" / "train").glob("*.jpg"):
+        _break_pixels(f)
+    with pytest.raises(DataError) as err:
+        build_train_loader(load_data_config(tmp_path / "data.yaml"), make_cfg())
+    message = str(err.value)
+    assert message.startswith("train: no usable images (3 found, all skipped: 3 unreadable images; "
+                              "0.jpg: does not decode (corrupt image data); 1.jpg: ")
+    assert "\n" not in message
+
+
+def test_undecodable_images_ahead_of_the_first_good_one_are_skipped_with_a_count(tmp_path, caplog):
+    make_dataset(tmp_path, n=4)
+    _break_pixels(tmp_path / "images" / "train" / "0.jpg")
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        split = scan_split("train", sorted((tmp_path / "images" / "train").glob("*.jpg")), nc=4)
+    assert [p.name for p in split.files] == ["1.jpg", "2.jpg", "3.jpg"]
+    assert "train: 1 of 4 images skipped (1 unreadable image; 0.jpg: does not decode" in caplog.text

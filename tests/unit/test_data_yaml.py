@@ -101,3 +101,14 @@ def test_builtin_name_resolves_into_the_cache():
     assert cfg.yaml_path.name == "shapes.yaml" and cfg.name == "shapes"
     assert cfg.root == Path(os.environ["LIBREYOLO_CACHE"]).resolve() / "datasets" / "shapes"
     assert all(p.is_file() for p in cfg.train[:3])
+
+
+def test_binary_yaml_and_binary_image_list_are_one_line_data_errors(tmp_path):
+    garbage = tmp_path / "garbage.yaml"
+    garbage.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x81" * 16)
+    with pytest.raises(DataError, match=r"dataset yaml .*garbage.yaml is not UTF-8 text \(byte \d+\); a binary file\?$"):
+        load_data_config(garbage)
+    (tmp_path / "list.txt").write_bytes(b"\xff\xd8\xff\xe0" * 8)
+    y = _yaml(tmp_path / "d.yaml", "train: list.txt\nval: list.txt\nnames: [a]\n")
+    with pytest.raises(DataError, match=r"train image list .*list.txt is not UTF-8 text"):
+        load_data_config(y)

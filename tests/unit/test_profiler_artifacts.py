@@ -7,50 +7,13 @@ import shutil
 import subprocess
 
 import pytest
+from testkit import KERNEL, make_profile
 
 from libreyolo.errors import ProfileFormatError
 from libreyolo.profiler import artifacts
 from libreyolo.profiler.repeat import aggregate
 from libreyolo.profiler.report import print_repeat, print_report
 from libreyolo.profiler.timeline import gantt_events, render
-
-KERNEL = "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>, at::detail::Array<char*, 3> >(int, T&) [clone]</script>"
-
-
-def make_profile():
-    phases = [{"phase": name, "host_ms": 1.0, "synced_ms": 2.0, "cpu_ms": 1.0, "gpu_ms": 1.5, "busy_ms": 1.2,
-               "steps": 2, "share": 1 / 8} for name in ("data", "h2d", "forward", "loss", "backward", "optimizer",
-                                                        "ema", "other")]
-    head = {"verdict": "launch-bound", "step_ms_mean": 16.0, "step_ms_std": 0.5, "utilisation": 0.25,
-            "kernel_busy_ms": 4.0, "data_wait_ms": 0.2, "data_wait_frac": 0.0125, "syncs_per_step": 0.1,
-            "peak_memory_mb": 900.0, "precision": "float16 autocast, scaler on", "cuda_graph": False,
-            "device": "NVIDIA H200", "overhead_frac": 0.05}
-    return {
-        "schema": artifacts.SCHEMA, "schema_version": artifacts.SCHEMA_VERSION, "created": "2026-01-01T00:00:00",
-        "run": {"arch": "yolo9-t", "batch": 8, "imgsz": 640, "workers": 8, "device_name": "NVIDIA H200",
-                "precision": head["precision"], "cuda_graph": {"enabled": False, "replayed_steps": 0, "pool_mb": None},
-                "run_dir": "runs/profile/prof"},
-        "window": {"skip": 5, "steps": 4, "first_half": 2, "second_half": 2, "first_iteration": 5, "last_iteration": 8},
-        "headline": head,
-        "verdict": {"name": "launch-bound", "reason": "GPU busy 25%: idle between 900 kernels per step",
-                    "lever": "cuda_graph=True (launch the network as one graph), or a larger batch"},
-        "utilisation": {"basis": "kernel busy / unsynchronised step time", "utilisation": 0.25},
-        "phases": phases,
-        "kernels": {"kind": "kernel", "rows": [
-            {"name": KERNEL, "count": 40, "total_ms": 3.0, "mean_us": 75.0, "share": 0.75},
-            {"name": "sm90_xmma_gemm [x]", "count": 10, "total_ms": 1.0, "mean_us": 100.0, "share": 0.25}]},
-        "steps": [
-            {"half": 1, "iteration": 5, "epoch": 0, "wall_ms": 16.0, "data_ms": 0.2, "busy_ms": 4.0, "kernels": 900,
-             "syncs": 0, "host_ms": {"data": 0.2, "forward": 6.0, "backward": 8.0}},
-            {"half": 1, "iteration": 6, "epoch": 0, "wall_ms": 16.5, "data_ms": 0.2, "busy_ms": 4.1, "kernels": 900,
-             "syncs": 1, "host_ms": {"data": 0.2, "forward": 6.1, "backward": 8.1}},
-            {"half": 2, "iteration": 7, "epoch": 0, "wall_ms": 20.0, "data_ms": 0.3,
-             "phases": {"forward": {"wall_ms": 7.0, "cpu_ms": 6.0, "gpu_ms": 2.0, "busy_ms": 1.8}}},
-            {"half": 2, "iteration": 8, "epoch": 0, "wall_ms": 21.0, "data_ms": 0.3,
-             "phases": {"forward": {"wall_ms": 7.5, "cpu_ms": 6.0, "gpu_ms": 2.0, "busy_ms": 1.8}}}],
-        "memory": {"peak_allocated_mb": 900.0, "peak_reserved_mb": 1024.0, "host_peak_rss_mb": 3000.0},
-        "overhead": {"reference_ms": [15.0, 15.5], "profiled_ms": [16.0], "fraction": 0.05},
-    }
 
 
 def test_write_all_and_load_back(tmp_path):
@@ -93,6 +56,39 @@ def _bad_files():
         "bad phases": (json.dumps(bad_phases), "missing or malformed phases"),
         "binary": (b"\xff\xfe\x00garbage", "cannot read"),
     }
+
+
+def _edited(edit) -> str:
+    profile = make_profile()
+    edit(profile)
+    return json.dumps(profile)
+
+
+# Right schema and version, wrong inner types: each is named by its path in the document.
+INNER = {
+    "headline string": (lambda p: p["headline"].update(step_ms_mean="fast"),
+                        'headline.step_ms_mean is "fast", not a number or null'),
+    "kernel row without name": (lambda p: p["kernels"]["rows"][1].pop("name"), "kernels.rows[1].name is missing"),
+    "kernel count float": (lambda p: p["kernels"]["rows"][0].update(count=1.5), "kernels.rows[0].count is 1.5, not an integer"),
+    "kernel share null": (lambda p: p["kernels"]["rows"][0].update(share=None), "kernels.rows[0].share is null, not a number"),
+    "phase host list": (lambda p: p["phases"][2].update(host_ms=[1]), "phases[2].host_ms is [1], not a number or null"),
+    "phase row a string": (lambda p: p["phases"].__setitem__(0, "forward"), 'phases[0] is "forward", not an object'),
+    "verdict reason number": (lambda p: p["verdict"].update(reason=3), "verdict.reason is 3, not a string"),
+    "cuda_graph string": (lambda p: p["run"].update(cuda_graph="on"), 'run.cuda_graph is "on", not an object or null'),
+    "overhead note number": (lambda p: p["overhead"].update(fraction=None, note=7), "overhead.note is 7, not a string"),
+    "rows not a list": (lambda p: p["kernels"].update(rows={"a": 1}), 'kernels.rows is {"a": 1}, not a list'),
+    "a bool count": (lambda p: p["kernels"]["rows"][0].update(count=True), "kernels.rows[0].count is true, not an integer"),
+}
+
+
+@pytest.mark.parametrize("case", list(INNER))
+def test_inner_types_are_checked_before_any_reader(tmp_path, case):
+    edit, expected = INNER[case]
+    path = tmp_path / "profile.json"
+    path.write_text(_edited(edit))
+    with pytest.raises(ProfileFormatError) as err:
+        artifacts.load_profile(path)
+    assert str(err.value) == f"'{path}' is incomplete or edited: {expected}"
 
 
 @pytest.mark.parametrize("case", list(_bad_files()))

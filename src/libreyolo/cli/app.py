@@ -37,6 +37,12 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Train object detectors fast, and know why a run is slow."""
 
 
+def one_line(text: str) -> str:
+    """The message as one printable line: a file name or a yaml value from the user may hold a
+    newline or a terminal escape, which must neither split the line nor reach the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())
+
+
 def user_errors(fn: Callable) -> Callable:
     """Turn LibreYOLOError into one stderr line + exit 2 (traceback only with LIBREYOLO_DEBUG=1)."""
 
@@ -47,7 +53,7 @@ def user_errors(fn: Callable) -> Callable:
         except LibreYOLOError as exc:
             if os.environ.get("LIBREYOLO_DEBUG"):
                 raise
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(f"error: {one_line(str(exc))}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
@@ -56,10 +62,26 @@ def user_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a line is logged, not as it was when the handler was
+    made: the CLI run in-process (tests, notebooks) sees its log lines where its errors go."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ and setStream assign it
+        pass
+
+
 def setup_logging() -> None:
     logger = logging.getLogger("libreyolo")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -165,10 +187,42 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
         typer.echo("  ".join(f"{r[c]:<{width[c]}}" for c in columns) + f"  {r['doc']}")
 
 
+# Click's exceptions, wherever this typer takes Click from (newer typers vendor their own copy).
+_CLICK = sys.modules[typer.BadParameter.__module__]
+_NO_ARGS_IS_HELP = getattr(_CLICK, "NoArgsIsHelpError", ())  # Click >= 8.2, for `no_args_is_help`
+
+
+def usage_error_line(exc) -> str:
+    """Click's own mistakes (an option out of range, a missing argument) as our one line: its
+    standard form is four lines of usage and a box around the message."""
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+    return f"{message[:1].lower()}{message[1:]}{where}"
+
+
 def main(argv: list[str] | None = None) -> None:
     from .bench import bench_app
     from .profile import profile_app
 
-    app.add_typer(bench_app, name="bench")
-    app.add_typer(profile_app, name="profile")
-    app(args=argv, prog_name="libreyolo")
+    if not getattr(app, "_libreyolo_groups", False):  # main() may run many times in one process
+        app.add_typer(bench_app, name="bench")
+        app.add_typer(profile_app, name="profile")
+        app._libreyolo_groups = True
+    # standalone_mode=False hands Click's usage errors to us instead of printing them its way.
+    try:
+        code = app(args=argv, prog_name="libreyolo", standalone_mode=False)
+    except _CLICK.UsageError as exc:
+        if isinstance(exc, _NO_ARGS_IS_HELP) or os.environ.get("LIBREYOLO_DEBUG"):
+            exc.show()  # a bare `libreyolo profile`: the help is the answer
+            sys.exit(exc.exit_code)
+        typer.echo(f"error: {usage_error_line(exc)}", err=True)
+        sys.exit(2)
+    except _CLICK.ClickException as exc:
+        typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(1)
+    if isinstance(code, int) and code:  # typer.Exit(n) comes back as n without standalone_mode
+        sys.exit(code)
+

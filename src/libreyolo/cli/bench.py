@@ -29,7 +29,7 @@ def step(ctx: typer.Context,
     after --warmup are reported, with kernel-busy time and utilisation on CUDA, a synced breakdown
     (forward / loss / backward / optimizer+EMA) and peak memory.
     """
-    from ..bench import bench_step, format_table
+    from ..bench import bench_step, format_table, parse_arms
     from .grammar import parse_overrides
 
     setup_logging()
@@ -43,6 +43,5 @@ def step(ctx: typer.Context,
         from ..errors import ConfigError
 
         raise ConfigError("no model given: pass model=yolo9-t (or a checkpoint)")
-    results = bench_step(user, [a.strip() for a in arms.split(",") if a.strip()], steps=steps, warmup=warmup,
-                         repeat=repeat)
+    results = bench_step(user, parse_arms(arms), steps=steps, warmup=warmup, repeat=repeat)
     typer.echo(json.dumps(results, indent=1) if as_json else format_table(results))

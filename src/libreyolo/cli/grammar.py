@@ -8,6 +8,7 @@ allowed.
 
 from __future__ import annotations
 
+import re
 import typing
 from collections.abc import Iterable
 from typing import Any, Literal, Union
@@ -17,6 +18,7 @@ from ..errors import ConfigError
 
 _TRUE = {"true", "yes", "1", "on"}
 _FALSE = {"false", "no", "0", "off"}
+_INT = re.compile(r"[+-]?[0-9]+(_[0-9]+)*")
 
 
 def _unquote(raw: str) -> tuple[str, bool]:
@@ -51,9 +53,11 @@ def _parse_as(raw: str, tp: Any, quoted: bool) -> Any:
             return low in _TRUE
         raise ValueError(raw)
     if tp is int:
-        if quoted:
+        # Digits only (an optional sign, '_' between digit groups): int() alone would also take
+        # ' 5', '٣' and other spellings nobody means, and '1e3' or '2.0' are floats, not ints.
+        if quoted or not _INT.fullmatch(raw):
             raise ValueError(raw)
-        return int(raw.replace("_", ""))
+        return int(raw)
     if tp is float:
         if quoted:
             raise ValueError(raw)
@@ -88,14 +92,17 @@ def split_pairs(tokens: Iterable[str]) -> list[tuple[str, str]]:
         tok = items[i]
         i += 1
         if tok.startswith("--"):
-            body = tok[2:].replace("-", "_")
+            body = tok[2:]
             if "=" in body:
                 key, raw = body.split("=", 1)
             elif i < len(items) and "=" not in items[i] and not items[i].startswith("--"):
-                key, raw = body, items[i]
+                key, raw = body, items[i]  # the value may start with '-': --epochs -1
                 i += 1
             else:
                 key, raw = body, "true"  # a bare --flag
+            # `--save-period` means `save_period`; only the key is respelled, never the value
+            # (`--data=/a/my-data.yaml`, `--name=my-run`, `--batch=-4` stay as typed).
+            key = key.replace("-", "_")
         elif "=" in tok:
             key, raw = tok.split("=", 1)
         else:

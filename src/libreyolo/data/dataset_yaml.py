@@ -61,7 +61,7 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
         yaml_path = Path(text).expanduser()
         if not yaml_path.is_file():
             raise DataError(f"dataset yaml not found: {yaml_path}")
-        raw = _parse_yaml(yaml_path.read_text(encoding="utf-8"), yaml_path)
+        raw = _parse_yaml(_read_text(yaml_path, "dataset yaml"), yaml_path)
     name = text if packaged else yaml_path.stem
     names = _parse_names(raw, yaml_path)
     root = _resolve_root(raw, yaml_path, packaged)
@@ -87,6 +87,16 @@ def _read_packaged(name: str) -> tuple[Path, dict]:
         raise DataError(f"unknown dataset '{name}': built-in datasets are {known} "
                         f"(or pass a path to a dataset .yaml)")
     return Path(str(entry)), _parse_yaml(entry.read_text(encoding="utf-8"), name)
+
+
+def _read_text(path: Path, what: str) -> str:
+    """A user's text file, or one DataError line: binary garbage is not a decode traceback."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{what} {path} is not UTF-8 text (byte {exc.start}); a binary file?") from None
+    except OSError as exc:
+        raise DataError(f"cannot read {what} {path} ({exc.strerror or type(exc).__name__})") from None
 
 
 def _parse_yaml(text: str, where: Any) -> dict:
@@ -173,7 +183,7 @@ def _list_images(source: Path, split: str) -> list[Path]:
         return sorted(p for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if source.is_file() and source.suffix == ".txt":
         # One image per line; a relative line is relative to the list file's folder.
-        lines = source.read_text(encoding="utf-8").splitlines()
+        lines = _read_text(source, f"{split} image list").splitlines()
         out = []
         for line in (ln.strip() for ln in lines):
             if line and not line.startswith("#"):

@@ -5,19 +5,22 @@ and the suffix by `.txt`; each line is `cls cx cy w h`, normalised to [0, 1]. A 
 file means an image without objects (legal). An image whose label file is corrupt (wrong column
 count, a non-number, a class id out of range, coordinates outside [0, 1] beyond a small tolerance,
 a non-positive size) or whose header cannot be read is skipped; the scan logs ONE summary line
-with the counts, so a bad file never stops training mid-epoch.
+with the counts and the first few files with their defects (`line 3: class id 12 out of range`),
+so a bad file never stops training mid-epoch. A split with no usable image is a DataError
+naming the same.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision.io import ImageReadMode, decode_image
+from torchvision.io import ImageReadMode, decode_image, read_file
 
 from ..errors import DataError
 
@@ -49,26 +52,54 @@ def label_path(image: Path) -> Path:
 
 
 def parse_label_file(path: Path, nc: int) -> np.ndarray:
-    """Parse one label file into float32 [n, 5]; raises ValueError on any corrupt line."""
-    if not path.is_file():
+    """Parse one label file into float32 [n, 5]; raises ValueError naming the first bad line."""
+    if not path.exists():
         return np.zeros((0, 5), np.float32)
-    rows = [ln.split() for ln in path.read_text(encoding="utf-8", errors="strict").splitlines()]
-    rows = [r for r in rows if r]
+    if not path.is_file():
+        raise ValueError("not a file")
+    try:
+        text = path.read_text(encoding="utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    rows = [(n, ln.split()) for n, ln in enumerate(text.splitlines(), 1)]
+    rows = [(n, r) for n, r in rows if r]
     if not rows:
         return np.zeros((0, 5), np.float32)
-    if any(len(r) != 5 for r in rows):
-        raise ValueError("wrong column count")
-    arr = np.array(rows, dtype=np.float64)  # ValueError on a non-number
-    if not np.isfinite(arr).all():
-        raise ValueError("non-finite value")
-    cls = arr[:, 0]
-    if (cls != np.round(cls)).any() or (cls < 0).any() or (cls >= nc).any():
-        raise ValueError("class id out of range")
-    xywh = arr[:, 1:]
-    if (xywh < -COORD_TOL).any() or (xywh > 1 + COORD_TOL).any() or (xywh[:, 2:] <= 0).any():
-        raise ValueError("coordinates outside [0, 1]")
-    arr[:, 1:] = np.clip(xywh, 0.0, 1.0)
+    for n, r in rows:
+        _check_row(n, r, nc)
+    arr = np.array([r for _, r in rows], dtype=np.float64)
+    arr[:, 1:] = np.clip(arr[:, 1:], 0.0, 1.0)
     return arr.astype(np.float32)
+
+
+def _check_row(n: int, row: list[str], nc: int) -> None:
+    """Raise ValueError saying what is wrong with line `n` of a label file (`cls cx cy w h`)."""
+    if len(row) != 5:
+        raise ValueError(f"line {n}: {len(row)} columns, expected 5 (class cx cy w h)")
+    try:
+        values = [float(v) for v in row]
+    except ValueError:
+        bad = next(v for v in row if not _is_number(v))
+        raise ValueError(f"line {n}: {bad[:20]!r} is not a number") from None
+    if not all(np.isfinite(values)):
+        raise ValueError(f"line {n}: {next(v for v in row if not np.isfinite(float(v)))!r} is not a finite number")
+    cls, xywh = values[0], values[1:]
+    if cls != round(cls):
+        raise ValueError(f"line {n}: class id {row[0][:20]} is not an integer")
+    if not 0 <= cls < nc:
+        raise ValueError(f"line {n}: class id {row[0][:20]} out of range (the dataset has {nc} classes: 0..{nc - 1})")
+    if any(v < -COORD_TOL or v > 1 + COORD_TOL for v in xywh):
+        raise ValueError(f"line {n}: coordinates outside [0, 1] (cx cy w h are fractions of the image size)")
+    if xywh[2] <= 0 or xywh[3] <= 0:
+        raise ValueError(f"line {n}: box width and height must be > 0")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 class _Truncated(ValueError):
@@ -121,32 +152,81 @@ def _checked(h: int, w: int) -> tuple[int, int]:
     return h, w
 
 
+# How many bad files a warning or an error names; the rest are counted.
+NAMED = 3
+
+
 def scan_split(name: str, files: list[Path], nc: int) -> Split:
-    """Read labels and image headers of a split; skip broken images with one summary line."""
+    """Read labels and image headers of a split; skip broken images with one summary line.
+
+    The first image is also decoded in full (and the next, until one decodes): a header can be
+    fine while the pixels are not, and a split none of whose images decodes must not train or
+    validate on stand-ins. Later undecodable images are replaced when they are met (dataset.py)."""
     keep, labels, sizes = [], [], []
-    bad_label = bad_image = 0
+    bad_label: list[tuple[Path, str]] = []
+    bad_image: list[tuple[Path, str]] = []
     for f in files:
         try:
             size = image_size(f)
-        except (OSError, ValueError, struct.error):
-            bad_image += 1
+        except (OSError, ValueError, struct.error) as exc:
+            bad_image.append((f, _reason(exc, "unreadable image")))
             continue
+        lab_path = label_path(f)
         try:
-            lab = parse_label_file(label_path(f), nc)
-        except (OSError, ValueError, UnicodeDecodeError):
-            bad_label += 1
+            lab = parse_label_file(lab_path, nc)
+        except (OSError, ValueError) as exc:
+            bad_label.append((lab_path, _reason(exc, "unreadable label file")))
             continue
         keep.append(f)
         labels.append(lab)
         sizes.append(size)
-    skipped = bad_label + bad_image
-    if skipped:
-        why = [f"{n} {what}{'s' if n > 1 else ''}" for n, what in
-               ((bad_label, "corrupt label"), (bad_image, "unreadable image")) if n]
-        log.warning("%s: %d of %d images skipped (%s)", name, skipped, len(files), ", ".join(why))
+    first = _first_decodable(keep, bad_image)
+    keep, labels, sizes = keep[first:], labels[first:], sizes[first:]
+    skipped = len(bad_label) + len(bad_image)
+    if skipped and keep:  # with none kept, the error below says the same in its one line
+        log.warning("%s: %d of %d images skipped (%s)", name, skipped, len(files), _defects(bad_label, bad_image))
     if not keep:
-        raise DataError(f"{name}: no usable images ({len(files)} found, all skipped)")
+        raise DataError(f"{name}: no usable images ({len(files)} found, all skipped: "
+                        f"{_defects(bad_label, bad_image)})")
     boxes = sum(len(lab) for lab in labels)
     empty = sum(1 for lab in labels if len(lab) == 0)
     log.info("%s: %d images, %d boxes, %d without objects", name, len(keep), boxes, empty)
     return Split(name, keep, labels, sizes)
+
+
+def _first_decodable(files: list[Path], bad_image: list[tuple[Path, str]]) -> int:
+    """Index of the first image of `files` that decodes (len(files) if none); the ones before it
+    join `bad_image`."""
+    for i, f in enumerate(files):
+        try:
+            decode_image(read_file(str(f)), mode=ImageReadMode.RGB)
+            return i
+        except (RuntimeError, OSError, ValueError):
+            bad_image.append((f, "does not decode (corrupt image data)"))
+    return len(files)
+
+
+def _reason(exc: Exception, fallback: str) -> str:
+    text = str(exc).strip()
+    if isinstance(exc, OSError) or not text:  # e.g. a folder named like a label file
+        return f"{fallback} ({type(exc).__name__})"
+    return text.splitlines()[0][:160]
+
+
+def _defects(bad_label: list[tuple[Path, str]], bad_image: list[tuple[Path, str]]) -> str:
+    """'2 corrupt labels, 1 unreadable image; labels/a.txt: line 3: ...; images/b.jpg: ...; in ROOT'."""
+    counts = [f"{len(items)} {what}{'s' if len(items) > 1 else ''}" for items, what in
+              ((bad_label, "corrupt label"), (bad_image, "unreadable image")) if items]
+    bad = bad_label + bad_image
+    # Paths relative to the folder holding them all (the dataset root, for images/ and labels/).
+    base = Path(os.path.commonpath([str(p.parent) for p, _ in bad]))
+    named = "; ".join(f"{_relative(path, base)}: {why}" for path, why in bad[:NAMED])
+    more = f"; and {len(bad) - NAMED} more" if len(bad) > NAMED else ""
+    return f"{', '.join(counts)}; {named}{more}; in {base}"
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return str(path)

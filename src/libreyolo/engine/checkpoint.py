@@ -38,11 +38,28 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     return path
 
 
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Delete the temp files of checkpoint writes that a kill interrupted (`.last.pt.*.tmp`).
+
+    Called when a run or a resume starts in `folder`: no write of this run is under way yet, and
+    a run directory is written by one training at a time."""
+    stale = sorted(Path(folder).glob(".*.pt.*.tmp"))
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+# The first bytes of what torch.save writes: a zip archive (the default since torch 1.6) or a
+# legacy pickle (protocol 2+ starts with 0x80).
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load and check a LibreYOLO checkpoint; any problem is one CheckpointError line."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
+    _check_magic(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
@@ -58,7 +75,54 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     for key in ("family", "size", "names", "model"):
         if key not in ckpt:
             raise CheckpointError(f"'{path}' is missing '{key}'; not a complete LibreYOLO checkpoint")
+    for key, tp in (("family", str), ("size", str), ("names", list), ("model", dict)):
+        if not isinstance(ckpt[key], tp):
+            raise CheckpointError(f"'{path}' is damaged: its '{key}' is {_article(type(ckpt[key]).__name__)}, "
+                                  f"not {_article(tp.__name__)}")
     return ckpt
+
+
+def _check_magic(path: Path) -> None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint '{path}' ({exc.strerror or type(exc).__name__})") from None
+    if not head:
+        raise CheckpointError(f"'{path}' is not a readable checkpoint (truncated or corrupt: the file is empty)")
+    if not head.startswith(_TORCH_MAGIC):
+        kind = "a text file" if _is_text(path) else "not a PyTorch file"
+        raise CheckpointError(f"'{path}' is not a LibreYOLO checkpoint ({kind}: PyTorch checkpoints are zip archives)")
+
+
+def _is_text(path: Path) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start > len(head) - 4  # only a multi-byte character cut at the end
+    return b"\x00" not in head
+
+
+# What a resume reads besides the weights, and the type each must have.
+RESUME_STATE: dict[str, type] = {
+    "epoch": int, "config": dict, "optimizer": dict, "precision": dict, "rng": dict,
+}
+
+
+def check_resumable(ckpt: dict[str, Any], path: str | Path) -> None:
+    """A checkpoint to resume must hold the training state, not only weights; else one line."""
+    for key, tp in RESUME_STATE.items():
+        value = ckpt.get(key)
+        if not isinstance(value, tp) or isinstance(value, bool):
+            what = "missing" if key not in ckpt else f"{_article(type(value).__name__)}, not {_article(tp.__name__)}"
+            raise CheckpointError(f"'{path}' cannot be resumed: its '{key}' is {what} (weights only? "
+                                  f"fine-tune from it with model={path} instead)")
+
+
+def _article(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
 
 
 def rng_state() -> dict[str, Any]:

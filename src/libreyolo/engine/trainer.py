@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -89,7 +90,12 @@ class Trainer:
         self._acc = torch.zeros(len(self.item_names), device=device)  # device-side loss sums
         self._finite = torch.zeros((), device=device)                 # finite steps in the interval
         if resume is not None:
-            self._load_resume(resume)
+            try:
+                self._load_resume(resume)
+            except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+                # The weights were checked by the caller; this is the rest of a damaged state.
+                raise CheckpointError(f"cannot resume: the checkpoint's training state is damaged "
+                                      f"({type(exc).__name__}: {str(exc).strip()[:120]})") from None
 
     # --- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
@@ -99,16 +105,17 @@ class Trainer:
         self.clock.start_train()
         self._call("before_train")
         epochs_run = 0
-        for epoch in range(self.start_epoch, self.cfg.epochs):
-            self.epoch = epoch
-            self.train_loader.set_epoch(self.epoch)
-            self._family_epoch()
-            self._call("before_epoch")
-            self.run_epoch()
-            self._call("after_epoch")
-            epochs_run += 1
-            if self.stop:
-                break
+        with out_of_memory_as_error(self.cfg, self.device):
+            for epoch in range(self.start_epoch, self.cfg.epochs):
+                self.epoch = epoch
+                self.train_loader.set_epoch(self.epoch)
+                self._family_epoch()
+                self._call("before_epoch")
+                self.run_epoch()
+                self._call("after_epoch")
+                epochs_run += 1
+                if self.stop:
+                    break
         self._call("after_train")
         self.clock.finish()
         timings = self.clock.summary()
@@ -342,6 +349,32 @@ def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
     return str(device)
+
+
+class OutOfMemory(LibreYOLOError):
+    """A batch the device cannot hold."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError ("can't allocate memory")."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+
+
+@contextlib.contextmanager
+def out_of_memory_as_error(cfg: TrainConfig, device: torch.device):
+    """Turn running out of memory into one line naming what to lower, instead of a traceback."""
+    try:
+        yield
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        half = max(cfg.batch // 2, 1)
+        lower = f"lower batch (e.g. batch={half}) or imgsz" if cfg.batch > 1 else "lower imgsz"
+        raise OutOfMemory(f"out of memory on {device} at batch={cfg.batch} imgsz={cfg.imgsz}: {lower}"
+                          + (", or set cuda_graph=false" if cfg.cuda_graph else "")) from None
 
 
 def make_run_dir(project: str, name: str, exist_ok: bool) -> Path:

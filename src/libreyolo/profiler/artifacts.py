@@ -139,9 +139,76 @@ def load_profile(path: str | Path) -> dict:
     bad = [k for k, tp in REQUIRED.items() if not isinstance(data.get(k), tp)]
     if bad:
         raise ProfileFormatError(f"'{p}' is incomplete or edited: missing or malformed {', '.join(bad)}")
-    if not isinstance(data["kernels"].get("rows"), list) or not all(isinstance(r, dict) for r in data["phases"]):
-        raise ProfileFormatError(f"'{p}' is incomplete or edited: malformed phases or kernels")
+    problem = check_shape(data, PROFILE_SHAPE)
+    if problem:
+        raise ProfileFormatError(f"'{p}' is incomplete or edited: {problem}")
     return data
+
+
+# --- the shape of what the readers read -----------------------------------------------------------
+# The whole document is checked before a reader touches it, so a profile.json whose schema and
+# version are right but whose inner values are not (a string where a number goes, a row without
+# its name) is one ProfileFormatError line instead of a format or key error mid-report. A shape is
+# a type name, a {key: shape} mapping (a key ending in '?' may be absent; other keys are free) or
+# a one-element list [shape] for a list of such items.
+NUM = "number|null"
+PROFILE_SHAPE: dict[str, Any] = {
+    "run": {"arch?": "any", "batch?": "any", "imgsz?": "any", "workers?": "any", "device_name?": "any",
+            "precision?": "any", "cuda_graph?": "object|null", "run_dir?": "any"},
+    "window": {"skip?": "any", "steps?": "any", "first_half?": "any", "second_half?": "any"},
+    "headline": {f"{k}?": NUM for k in ("step_ms_mean", "step_ms_std", "utilisation", "kernel_busy_ms",
+                                       "data_wait_ms", "data_wait_frac", "syncs_per_step", "peak_memory_mb",
+                                       "overhead_frac")},
+    "verdict": {"name": "string", "reason": "string", "lever": "string"},
+    "utilisation": {"basis?": "string"},
+    "phases": [{"phase": "string", "host_ms?": NUM, "synced_ms?": NUM, "gpu_ms?": NUM, "busy_ms?": NUM,
+                "share?": NUM}],
+    "kernels": {"kind?": "string|null", "rows": [{"name": "string", "count": "integer", "total_ms": NUM,
+                                                  "mean_us": NUM, "share": "number"}]},
+    "steps": ["object"],
+    "memory": "object",
+    "overhead": {"fraction?": NUM, "note?": "string"},
+}
+_KINDS: dict[str, Any] = {
+    "any": lambda v: True, "null": lambda v: v is None, "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict), "list": lambda v: isinstance(v, list),
+}
+
+
+def check_shape(value: Any, shape: Any, where: str = "") -> str | None:
+    """What in `value` does not fit `shape` ('kernels.rows[2].share is "x", not a number'), or None."""
+    if isinstance(shape, str):
+        if any(_KINDS[kind](value) for kind in shape.split("|")):
+            return None
+        return f"{where or 'the document'} is {_show(value)}, not {' or '.join(_article(k) for k in shape.split('|'))}"
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{where} is {_show(value)}, not a list"
+        return next((m for i, item in enumerate(value) if (m := check_shape(item, shape[0], f"{where}[{i}]"))), None)
+    if not isinstance(value, dict):
+        return f"{where} is {_show(value)}, not an object"
+    for key, sub in shape.items():
+        name, optional = key.rstrip("?"), key.endswith("?")
+        path = f"{where}.{name}" if where else name
+        if name not in value:
+            if optional:
+                continue
+            return f"{path} is missing"
+        problem = check_shape(value[name], sub, path)
+        if problem:
+            return problem
+    return None
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _article(kind: str) -> str:
+    return {"null": "null", "any": "anything", "integer": "an integer", "object": "an object"}.get(kind, f"a {kind}")
 
 
 def phase_rows(profile: dict) -> list[dict]:
