@@ -79,7 +79,7 @@ def _our_loss(model, case: str):
     loss, items = crit(preds, peer_inputs.make_targets(case))
     loss.backward()
     grads = torch.cat([p.grad.flatten(2) for p in preds], 2).norm(dim=1)  # [B, A] per-anchor L2
-    return float(loss), items.tolist(), grads
+    return float(loss.detach()), items.tolist(), grads
 
 
 def _our_assignment(model, case: str):
