@@ -77,15 +77,11 @@ def test_loss_live_large(models):
     assert grad_rel < 1e-5
 
 
-@pytest.mark.xfail(strict=True, reason="assigner: Ultralytics enlarges gt sides < 16 px to 16 px for the "
-                   "anchor-inside-box test; ours does not")
 def test_loss_live_small(models):
     theirs, ours, grad_rel = _losses(models, "small")
     assert ours == pytest.approx(theirs, rel=1e-3)
 
 
-@pytest.mark.xfail(strict=True, reason="linear decay: theirs lf(e) = (1 - e/E)(1 - lrf) + lrf, ours reaches "
-                   "lrf at e = E-1")
 def test_epoch_lr_live():
     from types import SimpleNamespace
 
