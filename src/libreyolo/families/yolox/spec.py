@@ -18,7 +18,8 @@ SPEC = FamilySpec(
     size_names={"nano": "n", "tiny": "t"},
     # Only where the published YOLOX recipe (exps/default + yolox_base.py of the official repo)
     # differs from the generic defaults. Learning rate: YOLOX uses 0.01 per 64 images, which is
-    # lr0 0.01 at our nominal batch nbs 64; SGD nesterov and weight decay 5e-4 already match.
+    # lr0 0.01 at our nominal batch nbs 64, with SGD nesterov (named here: the generic default
+    # `optimizer=auto` would pick AdamW for short runs); weight decay 5e-4 already matches.
     # - momentum 0.9, constant (no momentum warmup), and no gradient clipping;
     # - 5 warmup epochs from lr 0 for every group (warmup_bias_lr 0), then cosine to 0.05 * lr0;
     # - mixup on every mosaic image, rotation +/-10 deg, shear +/-2 deg;
@@ -29,7 +30,7 @@ SPEC = FamilySpec(
     # Not expressed: the 416 px input of nano/tiny and the multi-scale range (image size stays
     # the user's `imgsz`), nano's depthwise convs (the network's own choice, in net.py).
     defaults={
-        "momentum": 0.9, "warmup_momentum": 0.9, "clip_grad": 0.0,
+        "optimizer": "sgd", "momentum": 0.9, "warmup_momentum": 0.9, "clip_grad": 0.0,
         "warmup_epochs": 5.0, "warmup_bias_lr": 0.0, "lr_schedule": "cosine", "lrf": 0.05,
         "mixup": 1.0, "scale": 0.9, "degrees": 10.0, "shear": 2.0, "no_aug_epochs": 15,
         "box": 5.0, "cls": 1.0,
