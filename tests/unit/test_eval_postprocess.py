@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from libreyolo.eval import postprocess, unletterbox
@@ -58,3 +59,25 @@ def test_unletterbox_inverts_the_letterbox_and_clips():
     # Boxes reaching into the padding are clipped to the image.
     outside = torch.tensor([[-5.0, 2.0, 70.0, 60.0]])
     assert torch.allclose(unletterbox(outside, ratios, pads, sizes), torch.tensor([[0.0, 0.0, 200.0, 100.0]]))
+
+
+def test_multi_label_reports_every_class_above_conf():
+    preds = make_preds([(0, 0, 10, 10, 1, 0.6), (30, 30, 40, 40, 0, 0.0005)])
+    preds[0, 0, 4] = 0.3  # the first box's second class: a candidate of its own
+    (out,) = postprocess(preds, conf=0.001, multi_label=True)
+    assert out[:, 5].tolist() == [1.0, 0.0] and torch.allclose(out[:, 4], torch.tensor([0.6, 0.3]))
+    assert torch.equal(out[0, :4], out[1, :4])  # the same box, once per class (NMS is per class)
+    (single,) = postprocess(preds, conf=0.001)
+    assert single.shape == (1, 6)
+
+
+def test_multi_label_caps_candidates_by_score(monkeypatch):
+    import importlib
+
+    module = importlib.import_module("libreyolo.eval.postprocess")
+
+    monkeypatch.setattr(module, "MAX_CANDIDATES", 2)
+    preds = make_preds([(0, 0, 10, 10, 0, 0.9), (50, 50, 60, 60, 1, 0.8)])
+    preds[0, :, 4:] += 0.01  # every (box, class) pair passes conf: 6 candidates
+    (out,) = postprocess(preds, conf=0.001, multi_label=True)
+    assert out.shape == (2, 6) and out[:, 4].tolist() == [pytest.approx(0.91), pytest.approx(0.81)]

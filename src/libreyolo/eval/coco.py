@@ -57,7 +57,7 @@ def evaluate(
                 images = preprocess(batch.images.to(device, non_blocking=True))
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
                     preds = model.predict(images)
-                collector.add(batch, postprocess(preds, conf=conf, iou=iou, max_det=max_det))
+                collector.add(batch, postprocess(preds, conf=conf, iou=iou, max_det=max_det, multi_label=True))
     finally:
         model.train(was_training)
     map50_95, map50 = coco_map(collector.gt, collector.dets, collector.sizes, names, verbose)
