@@ -121,6 +121,39 @@ def test_a_dead_peer_is_one_line_naming_the_last_good_state():
             raise RuntimeError("shape mismatch")
 
 
+WATCHED = """
+import os, sys
+from libreyolo.engine import distributed as d
+d._watch_sigterm(int(sys.argv[1]))
+with d.failures_as_error(d.World(int(sys.argv[1]), 2), 30, lambda: "the last good state is runs/x/last.pt"):
+    print("ready", flush=True)
+    r, w = os.pipe()
+    os.read(r, 1)  # blocked in C for good, like a CUDA sync on an NCCL kernel whose peer died
+"""
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_torchruns_sigterm_ends_a_process_stuck_in_c_with_one_line_on_rank_0(rank):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", WATCHED, str(rank)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2 and time.perf_counter() - t0 < 10
+    expected = ("error: training stopped: this process was told to end (SIGTERM; under torchrun another process "
+                "of the run failed or the run was interrupted); the last good state is runs/x/last.pt\n")
+    assert err == (expected if rank == 0 else "")
+
+
 # --- DDP over flat gradients: the single-process gradient, in the optimizer's flat tensors ---------
 def _frozen_bn_model():
     from libreyolo.families import get_family

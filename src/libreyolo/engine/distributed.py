@@ -30,8 +30,9 @@ the single-process run of the same global batch (docs/architecture.md, "Distribu
 - Rank 0 validates, writes checkpoints, results and logs; the others run no hooks and wait for it
   at the epoch-end broadcast of its decisions (trainer.py). Checkpoints hold the plain module, so
   they resume on any number of devices.
-- A rank that dies or hangs: gloo/NCCL errors and torchrun's SIGTERM become one line on rank 0
-  (`failures_as_error`); `ddp_timeout` bounds every wait in a collective.
+- A rank that dies or hangs: gloo/NCCL errors (`failures_as_error`) and torchrun's SIGTERM (a
+  watcher thread, even while the main thread is stuck in C) become one line on rank 0;
+  `ddp_timeout` bounds every wait in a collective.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -98,10 +100,6 @@ class PeerFailure(LibreYOLOError):
     """Another process of the run ended, or stopped answering within `ddp_timeout`."""
 
 
-class RunStopped(LibreYOLOError):
-    """This process was told to end (SIGTERM: torchrun does that when another process failed)."""
-
-
 def quiet_other_ranks(w: World | None = None) -> None:
     """Logs come from rank 0 only: every rank runs the same checks on the same inputs, and the
     progress, epoch lines and notices would otherwise appear N times."""
@@ -118,7 +116,9 @@ def check_batch(batch: int, w: World) -> None:
 
 
 # --- the process group ----------------------------------------------------------------------------
-_STATE: dict[str, Any] = {"owned": False, "handler": None, "stopping": False}
+_STATE: dict[str, Any] = {"owned": False, "handler": None, "wakeup": None, "pipe": None, "rank": 0,
+                          "stopping": False, "last_good": None}
+_SPEAK = threading.Lock()
 
 
 def init(w: World, device: torch.device, timeout_s: float) -> str:
@@ -136,40 +136,69 @@ def init(w: World, device: torch.device, timeout_s: float) -> str:
             raise ConfigError(f"cannot join the {w.size}-process group ({_reason(exc)}): start multi-process "
                               "training with torchrun (or libreyolo train ... device=0,1)") from None
         _STATE["owned"] = True
-    _install_sigterm()
+    _watch_sigterm(w.rank)
     return dist.get_backend()
 
 
 def shutdown() -> None:
     """Leave the process group we joined (a caller's own group stays theirs)."""
-    _restore_sigterm()
+    _unwatch_sigterm()
     if _STATE["owned"] and dist.is_initialized():
         dist.destroy_process_group()
     _STATE["owned"] = False
 
 
-def _install_sigterm() -> None:
+def _claim_the_line() -> bool:
+    """True for the first caller only: one failure, one line, whoever sees it first."""
+    with _SPEAK:
+        if _STATE["stopping"]:
+            return False
+        _STATE["stopping"] = True
+        return True
+
+
+# torchrun's agent sends SIGTERM to the surviving processes when one fails (and when the run is
+# interrupted). A Python signal handler runs only when the main thread returns to the interpreter,
+# and a process whose peer died may be blocked in C for good (a CUDA sync waiting on an NCCL
+# kernel that never ends). So the handler does nothing itself; Python's C-level handler writes
+# the signal number to the wakeup fd at delivery, and a watcher thread (the GIL is free while the
+# main thread waits in C) says the one line and ends the process.
+def _watch_sigterm(rank: int) -> None:
     if _STATE["handler"] is not None or threading.current_thread() is not threading.main_thread():
         return
-    _STATE["stopping"] = False
-    _STATE["handler"] = signal.signal(signal.SIGTERM, _on_sigterm)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    _STATE.update(rank=rank, stopping=False, pipe=(read_fd, write_fd))
+    _STATE["handler"] = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    _STATE["wakeup"] = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    threading.Thread(target=_watcher, args=(read_fd,), name="libreyolo-sigterm", daemon=True).start()
 
 
-def _restore_sigterm() -> None:
-    if _STATE["handler"] is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _STATE["handler"])
-    _STATE["handler"] = None
-
-
-def _on_sigterm(signum, frame) -> None:
-    # torchrun's agent sends SIGTERM to the surviving processes when one fails (and when the run is
-    # interrupted): end with one line instead of dying silently. Only once: a second signal, or
-    # one arriving while a failure is already on its way out, must not replace that line.
-    if _STATE["stopping"]:
+def _unwatch_sigterm() -> None:
+    if _STATE["handler"] is None or threading.current_thread() is not threading.main_thread():
         return
-    _STATE["stopping"] = True
-    raise RunStopped("training stopped: this process was told to end (SIGTERM; under torchrun another process "
-                     "of the run failed or the run was interrupted)")
+    signal.set_wakeup_fd(_STATE["wakeup"])
+    signal.signal(signal.SIGTERM, _STATE["handler"])
+    _STATE["handler"] = None
+    os.close(_STATE["pipe"][1])  # the watcher's read ends: it returns
+
+
+def _watcher(read_fd: int) -> None:
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            return
+        if not data:
+            os.close(read_fd)
+            return
+        if signal.SIGTERM in data and _claim_the_line():
+            if _STATE["rank"] == 0:  # the others' ends are rank 0's news
+                last_good = _STATE["last_good"]
+                print("error: training stopped: this process was told to end (SIGTERM; under torchrun another "
+                      "process of the run failed or the run was interrupted)"
+                      + (f"; {last_good()}" if last_good else ""), file=sys.stderr, flush=True)
+            os._exit(2)  # a checkpoint write cut short leaves a temp file the next run removes
 
 
 _PEER_MARKERS = ("gloo", "nccl", "connection reset", "connection closed", "closed by peer", "timed out",
@@ -192,23 +221,23 @@ def _reason(exc: BaseException, limit: int = 140) -> str:
 
 @contextlib.contextmanager
 def failures_as_error(w: World, timeout_s: float, last_good: Callable[[], str]) -> Iterator[None]:
-    """Around the training loop: a dead or hung peer, or torchrun's SIGTERM, is one line naming the
-    last good checkpoint instead of a traceback or a hang."""
+    """Around the training loop: a dead or hung peer is one line naming the last good checkpoint
+    instead of a traceback or a hang (torchrun's SIGTERM is the watcher thread's same line)."""
     if not w.active:
         yield
         return
+    _STATE["last_good"] = last_good
     try:
         yield
-    except RunStopped:
-        _STATE["stopping"] = True
-        raise RunStopped("training stopped: this process was told to end (SIGTERM; under torchrun another "
-                         f"process of the run failed or the run was interrupted); {last_good()}") from None
     except RuntimeError as exc:
         if not is_peer_failure(exc):
             raise
-        _STATE["stopping"] = True  # torchrun's SIGTERM may follow: this line is the one
+        if not _claim_the_line():
+            time.sleep(30)  # the SIGTERM watcher is saying it and ending the process
         raise PeerFailure(f"training stopped: another process of this {w.size}-process run ended or did not "
                           f"answer within ddp_timeout={timeout_s:g} s ({_reason(exc)}); {last_good()}") from None
+    finally:
+        _STATE["last_good"] = None
 
 
 # --- the model and the loss -----------------------------------------------------------------------
