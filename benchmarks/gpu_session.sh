@@ -34,6 +34,12 @@
 #                    generated set at 640, batch 8, workers 8: ARMS comma-separated (ours-graph,
 #                    ours-eager, ours-sgd-graph, peer-default, peer-sgd), SEEDS comma-separated;
 #                    TTA_EXTRA="key=value ..." goes to our arms; results tta_E_<ARMS>.json/.md
+#   ddp              multi-GPU scaling (needs 2 GPUs; run it alone, not in a lane): YOLOv9-t at 640,
+#                    float16, batch 16 per GPU on the 800/100 generated set, 1 GPU (device=0) against
+#                    2 (batch=32 device=0,1, DDP under the elastic launcher), DDP_EPOCHS epochs
+#                    (default 10), seeds DDP_SEEDS (default "0 1"): images/s, scaling efficiency and
+#                    mAP at equal epochs in ddp_scaling.json/.md (benchmarks/ddp_scaling.py). NCCL's
+#                    settings come from the machine's environment (NVLink multicast stays off)
 #
 # REPEAT=N runs every bench arm N times (arms interleaved) and records the run-to-run spread.
 #
@@ -136,6 +142,13 @@ stage_run() {
         --ours-extra ${TTA_EXTRA:-} --out "$out/$tag.json" > "$out/$tag.md"
       cat "$out/$tag.md"
       (cd /tmp/tta && tar czf "$out/${tag}_logs.tgz" *.log */timings.json */results.csv 2>/dev/null) ;;
+    ddp)
+      n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+      if [ "$n" -lt 2 ]; then echo "SKIPPED ddp: $n GPU(s) visible, it needs 2" | tee -a "$out/skipped.txt"; return 0; fi
+      python3 benchmarks/ddp_scaling.py --epochs "${DDP_EPOCHS:-10}" --seeds ${DDP_SEEDS:-0 1} --workers 8 \
+        --work /tmp/ddp --out "$out/ddp_scaling.json" > "$out/ddp_scaling.md" 2>&1
+      tail -3 "$out/ddp_scaling.md"
+      (cd /tmp/ddp && tar czf "$out/ddp_logs.tgz" *.log */timings.json */results.csv 2>/dev/null) ;;
     bench:*:*)
       IFS=: read -r _ model batch <<< "$1"
       matrix "step_${model}_b$batch" --models "$model" --batches "$batch" --arms "${ARMS:-$six}" ;;

@@ -31,10 +31,10 @@ class TrainConfig:
     task: Literal["detect"] = _key("detect", "task to train", group="model")
     # --- loop ----------------------------------------------------------------------------------
     epochs: int = _key(100, "number of training epochs", lo=1, hi=100_000)
-    batch: int = _key(16, "images per batch", lo=1, val=True)
+    batch: int = _key(16, "images per batch; under multi-GPU training the global batch, split evenly across the processes", lo=1, val=True)
     imgsz: int = _key(640, "square training/validation image size in pixels (multiple of 32)", lo=32, val=True)
-    device: str = _key("auto", "cpu, cuda, cuda:N, N, or auto (first CUDA device if any)", val=True)
-    workers: int = _key(8, "dataloader worker processes (clamped to the CPU count)", lo=0, val=True)
+    device: str = _key("auto", "cpu, cuda, cuda:N, N, auto (first CUDA device if any), or a GPU list 0,1 for multi-GPU training (one process per GPU, under torchrun)", val=True)
+    workers: int = _key(8, "dataloader worker processes, per training process (clamped to the CPU count)", lo=0, val=True)
     cache: Union[Literal["ram", "disk"], bool] = _key(False, "cache decoded images: false, ram or disk", group="data")
     seed: int = _key(0, "random seed for weights, augmentation and sampling", lo=0)
     deterministic: bool = _key(False, "use deterministic algorithms (slower)")
@@ -80,6 +80,9 @@ class TrainConfig:
     profile: bool = _key(False, "profile a window of training steps and write a report", group="speed")
     profile_skip: int = _key(5, "profiler: steps to skip before the window", lo=0, group="speed")
     profile_steps: int = _key(20, "profiler: steps in the window (first half unsynchronised, second synced)", lo=2, group="speed")
+    # --- multi-GPU training (engine/distributed.py) ---------------------------------------------
+    sync_bn: bool = _key(False, "multi-GPU: SyncBatchNorm, BatchNorm statistics over the global batch instead of each process's share (CUDA only)", group="multi")
+    ddp_timeout: int = _key(600, "multi-GPU: seconds a process waits for the others (rank 0's validation and checkpoints included) before the run ends with one line", lo=1, group="multi")
     # --- validation ----------------------------------------------------------------------------
     val: bool = _key(True, "validate during training", group="val")
     eval_interval: int = _key(1, "validate every N epochs (and always after the last)", lo=1, group="val")

@@ -6,7 +6,8 @@ from __future__ import annotations
 from .config import config_table
 
 _GROUPS = {"model": "What to train", "train": "Loop", "data": "Data", "optim": "Optimisation",
-           "augment": "Augmentation", "speed": "Speed levers", "val": "Validation", "output": "Output"}
+           "augment": "Augmentation", "speed": "Speed levers", "multi": "Multi-GPU training",
+           "val": "Validation", "output": "Output"}
 
 PRECISION = """\
 ## Precision
@@ -74,11 +75,12 @@ def capture_support_markdown() -> str:
     """The CUDA-graph support matrix: family x task -> captured region, or eager and why."""
     from .families import REGISTRY
 
-    rows = ["| family | task | CUDA-graph region | note |", "|---|---|---|---|"]
+    # Multi-GPU (DDP) runs train eager in every family (engine/graphs.py, MULTI_PROCESS).
+    rows = ["| family | task | CUDA-graph region | multi-GPU (DDP) | note |", "|---|---|---|---|---|"]
     for spec in REGISTRY.values():
         plan = spec.capture
         region = plan.region if plan.region in ("network", "encoder") else "eager"
         note = plan.note if region != "eager" else plan.reason
         for task in spec.tasks:
-            rows.append(f"| {spec.display} | {task} | {region} | {_cell(note)} |")
+            rows.append(f"| {spec.display} | {task} | {region} | eager | {_cell(note)} |")
     return "\n".join(rows) + "\n"

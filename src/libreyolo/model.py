@@ -28,7 +28,8 @@ log = logging.getLogger("libreyolo")
 
 DEFAULT_WEIGHTS_URL = "https://github.com/libreyolo/libreyolo/releases/download/weights-v1"
 # Keys that may change when resuming; every other key comes from the checkpoint's config.
-RESUME_KEYS = {"resume", "device", "workers", "cache", "exist_ok", "log_interval"}
+# A run may resume on another number of devices (checkpoints hold the plain module).
+RESUME_KEYS = {"resume", "device", "workers", "cache", "exist_ok", "log_interval", "sync_bn", "ddp_timeout"}
 
 
 def cache_dir() -> Path:
@@ -154,8 +155,10 @@ class LibreYOLO:
         """Train; returns a TrainResult (metrics, run_dir, best, last)."""
         from .data import load_data_config
         from .engine.device import select_device
+        from .engine.distributed import quiet_other_ranks
         from .engine.trainer import Trainer, seed_everything
 
+        quiet_other_ranks()  # under torchrun, rank 0 alone logs
         user = dict(overrides)
         if data is not None:
             user["data"] = data
@@ -189,8 +192,10 @@ class LibreYOLO:
         from .data import load_data_config
         from .engine.checkpoint import check_resumable, load_checkpoint, remove_stale_temps
         from .engine.device import select_device
+        from .engine.distributed import quiet_other_ranks
         from .engine.trainer import Trainer
 
+        quiet_other_ranks()
         resume = user["resume"]
         if resume is True or resume == "true":
             path = self.source.path if self.source.path is not None else _latest_last(user)
@@ -223,7 +228,7 @@ class LibreYOLO:
             trainer = Trainer(cfg, spec, size, model, data_cfg, run_dir, select_device(cfg.device),
                               resume=ckpt)
             check_batch(cfg.batch, trainer.train_loader.num_images, data_cfg.name)
-        for stale in remove_stale_temps(path.resolve().parent):
+        for stale in remove_stale_temps(path.resolve().parent) if trainer.world.main else ():
             log.info(f"removed {stale}, left by an interrupted checkpoint write")
         return trainer.train()
 
@@ -317,8 +322,12 @@ def _train_in_new_run_dir(trainer, cfg: TrainConfig):
     args.yaml was written (out of memory at the first step, say) takes its new directory away
     with it: a failed command leaves nothing behind."""
     from .engine.checkpoint import remove_stale_temps
+    from .engine.distributed import broadcast_object
     from .engine.trainer import make_run_dir, write_args
 
+    if not trainer.world.main:  # rank 0 makes the run directory; the others learn its path, write nothing
+        trainer.run_dir = broadcast_object(None)
+        return trainer.train()
     reused = cfg.exist_ok and (Path(cfg.project) / cfg.name).exists()
     project = Path(cfg.project)
     new_folders = [p for p in (project, *project.parents) if not p.exists()]  # deepest first
@@ -326,7 +335,7 @@ def _train_in_new_run_dir(trainer, cfg: TrainConfig):
     for stale in remove_stale_temps(run_dir / "weights"):  # a reused directory's killed writes
         log.info(f"removed {stale}, left by an interrupted checkpoint write")
     write_args(run_dir, cfg)
-    trainer.run_dir = run_dir
+    trainer.run_dir = broadcast_object(run_dir) if trainer.world.active else run_dir
     try:
         return trainer.train()
     except (LibreYOLOError, KeyboardInterrupt):

@@ -298,7 +298,7 @@ CASES: list[tuple[str, list[str], str, object]] = [
     ("name ..", ["train", "name=.."], "bad value for 'name': '..'", None),
     ("empty project", ["train", "project="], "bad value for 'project': ''", None),
     ("device cuda:3", [*T, "device=cuda:3"], "device 'cuda:3'", None),
-    ("device 0,1", [*T, "device=0,1"], "multi-GPU training is not available", None),
+    ("device 0,1", [*T, "device=0,1"], "torchrun --nproc_per_node 2", None),
     ("unknown model", ["train", "model=foo", "data={data}"], "unknown model 'foo'", None),
     ("unknown size", ["train", "model=yolo9-x", "data={data}"], "unknown model 'yolo9-x'", None),
     ("empty model", ["train", "model=", "data={data}"], "no model given", None),

@@ -27,7 +27,7 @@ CASES = [
     (["train", "model=yolo9-t", "data=no_such_dataset"], "no_such_dataset"),
     (["train", "model=yolo9-t", "data=missing/data.yaml"], "missing/data.yaml"),
     (["train", "model=yolo9-t", "data=shapes", "device=cuda:3"], "device 'cuda:3'"),
-    (["train", "model=yolo9-t", "data=shapes", "device=0,1"], "multi-GPU training is not available"),
+    (["train", "model=yolo9-t", "data=shapes", "device=0,1"], "torchrun --nproc_per_node 2"),
     (["val", "data=shapes"], "no model given"),
 ]
 

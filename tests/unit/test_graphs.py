@@ -254,14 +254,23 @@ def test_unsupported_runs_log_one_line_and_use_the_plain_module(libreyolo_log, c
     assert manager.stats()["replayed_steps"] == 0 and len(lines(libreyolo_log)) == 1
 
 
-def test_ddp_is_unsupported(libreyolo_log, monkeypatch):
+@pytest.mark.parametrize("device", [CUDA, torch.device("cpu")])
+def test_ddp_is_unsupported_with_one_line(libreyolo_log, monkeypatch, device):
     monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
-    manager = GraphManager.for_run(MODEL, SimpleNamespace(cuda_graph=True), FAMILY, CUDA, PRECISION)
+    manager = GraphManager.for_run(MODEL, SimpleNamespace(cuda_graph=True), FAMILY, device, PRECISION)
     assert manager.step_callable is MODEL.capturable
-    [line] = lines(libreyolo_log)
-    assert "distributed (DDP)" in line
+    # The multi-GPU line comes first, so a CPU DDP run (the tests') says the same as a GPU one.
+    assert lines(libreyolo_log) == [
+        "cuda_graph=true: not available under multi-GPU training (2 processes); training eager"]
+
+
+def test_ddp_is_known_from_torchrun_before_the_process_group(libreyolo_log, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    GraphManager.for_run(MODEL, SimpleNamespace(cuda_graph=True), FAMILY, CUDA, PRECISION)
+    assert lines(libreyolo_log) == [
+        "cuda_graph=true: not available under multi-GPU training (4 processes); training eager"]
 
 
 def test_supported_run_is_armed_silently_and_off_when_not_requested(libreyolo_log):

@@ -141,8 +141,9 @@ def test_no_hook_without_profile_and_none_under_distributed(monkeypatch, caplog)
     with caplog.at_level(logging.INFO, logger="libreyolo"):
         hook.before_train(trainer)
     assert trainer.hooks == [] and hook.state == "skip"
-    assert [r.message for r in caplog.records if "distributed" in r.message] == [
-        "profile=True ignored under distributed training (2 processes): profile a single-process run"]
+    assert [r.message for r in caplog.records if "multi-GPU" in r.message] == [
+        "profile=true: not available under multi-GPU training (2 processes); training without the profiler "
+        "(profile a single-process run)"]
 
 
 def test_training_that_ends_inside_the_window_warns_and_stops_the_profiler(caplog):

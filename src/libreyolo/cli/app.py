@@ -53,13 +53,26 @@ def user_errors(fn: Callable) -> Callable:
         except LibreYOLOError as exc:
             if os.environ.get("LIBREYOLO_DEBUG"):
                 raise
-            typer.echo(f"error: {one_line(str(exc))}", err=True)
+            # Under torchrun every process meets the same inputs: rank 0 says the line; another
+            # rank only what is its own (its device ran out of memory).
+            rank = _rank()
+            if not rank or getattr(exc, "per_rank", False):
+                typer.echo(f"error: {f'rank {rank}: ' if rank else ''}{one_line(str(exc))}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
+            if not _rank():
+                typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+def _rank() -> int:
+    """This process's rank under torchrun (RANK), 0 otherwise; read without importing torch."""
+    try:
+        return int(os.environ.get("RANK") or 0)
+    except ValueError:
+        return 0
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -105,7 +118,12 @@ def train(ctx: typer.Context) -> None:
     tokens = [t for t in ctx.args if t != "--json"]
     as_json = len(tokens) != len(ctx.args)
     args = parse_overrides(tokens)  # before importing torch: a typo answers instantly
+    from ..engine.distributed import launch_for_devices
     from ..model import LibreYOLO
+
+    code = launch_for_devices(args.get("device"), ctx.args)  # device=0,1: one process per GPU, under torchrun
+    if code is not None:
+        raise typer.Exit(code)
 
     model = args.pop("model", None)
     resume = args.get("resume")
@@ -115,6 +133,8 @@ def train(ctx: typer.Context) -> None:
         raise LibreYOLOError("no model given: pass model=yolo9-t (architecture), model=LibreYOLO9s.pt or "
                              "model=path/to/last.pt")
     result = LibreYOLO(model).train(**args)
+    if _rank():
+        return  # rank 0 prints the result
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
     typer.echo(f"done: {result.epochs_run} epochs, results in {result.run_dir}"
                + (f"; {metrics}" if metrics else ""), err=True)

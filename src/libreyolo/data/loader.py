@@ -91,15 +91,29 @@ class EpochBatchSampler:
     """Shuffles per (seed, epoch) and emits SampleKeys carrying the epoch's augmentation state.
 
     It runs in the main process, and DataLoader calls `__iter__` when an epoch's iterator is
-    created, so whatever `TrainLoader.set_epoch` set before reaches even persistent workers."""
+    created, so whatever `TrainLoader.set_epoch` set before reaches even persistent workers.
 
-    def __init__(self, n: int, batch: int, seed: int, imgsz: int, multi_scale: bool):
+    Under multi-process training (`world_size` > 1) `batch` is the global batch: every rank draws
+    the same global batches (same order, sizes and pools, from the same generator) and keeps its
+    contiguous share, rank r the r-th, with the keys a single process would give those images, so
+    the N ranks together train on exactly what one process trains on. A last batch with fewer
+    images than ranks cannot give each an image and is left out (`__len__` says so), on every
+    rank alike so their step counts match."""
+
+    def __init__(self, n: int, batch: int, seed: int, imgsz: int, multi_scale: bool,
+                 rank: int = 0, world_size: int = 1):
         self.n, self.batch, self.seed, self.imgsz = n, batch, seed, imgsz
+        self.rank, self.world_size = int(rank), int(world_size)
         self.sizes = multi_scale_sizes(imgsz) if multi_scale else [imgsz]
         self.epoch, self.mosaic, self.mixup = 0, 0.0, 0.0
 
     def __len__(self) -> int:
-        return math.ceil(self.n / self.batch)
+        full, tail = divmod(self.n, self.batch)
+        return full + int(tail >= self.world_size)  # tail 0: no partial batch
+
+    def global_size(self, step: int) -> int:
+        """Images in global batch `step` of an epoch, over all ranks."""
+        return max(0, min(self.batch, self.n - step * self.batch))
 
     def __iter__(self):
         rng = np.random.default_rng([self.seed, self.epoch, 7919])  # 7919: the sampler stream
@@ -112,7 +126,17 @@ class EpochBatchSampler:
             if self.mosaic > 0 or self.mixup > 0:
                 extra = rng.integers(self.n, size=max(0, POOL_MIN - len(indices))).tolist()
                 pool = tuple(indices + extra)
-            yield [SampleKey(i, self.epoch, self.mosaic, self.mixup, size, pool) for i in indices]
+            if len(indices) < self.world_size:
+                return  # the short last batch (see the class doc)
+            lo, hi = shard(len(indices), self.rank, self.world_size)
+            yield [SampleKey(i, self.epoch, self.mosaic, self.mixup, size, pool) for i in indices[lo:hi]]
+
+
+def shard(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[lo, hi) of rank's contiguous share of n items; the first n % world_size ranks get one more."""
+    base, extra = divmod(n, world_size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (rank < extra)
 
 
 def _seed_worker(worker_id: int) -> None:
@@ -151,13 +175,15 @@ def _dataloader(dataset, cfg, seed: int, **kw) -> torch.utils.data.DataLoader:
 class TrainLoader:
     """Iterable of training Batches; call `set_epoch(epoch)` at each epoch start."""
 
-    def __init__(self, dataset: TrainDataset, cfg):
+    def __init__(self, dataset: TrainDataset, cfg, rank: int = 0, world_size: int = 1):
         self.dataset = dataset
         self.cfg = cfg
         self.num_images = len(dataset)
         self.sampler = EpochBatchSampler(len(dataset), int(cfg.batch), int(cfg.seed),
-                                         int(cfg.imgsz), bool(cfg.multi_scale))
-        self.loader = _dataloader(dataset, cfg, int(cfg.seed), batch_sampler=self.sampler,
+                                         int(cfg.imgsz), bool(cfg.multi_scale), rank, world_size)
+        # seed + rank: each rank's workers get their own base seed (only third-party code draws
+        # from it; our augmentation is keyed per sample, the same whichever rank loads it).
+        self.loader = _dataloader(dataset, cfg, int(cfg.seed) + int(rank), batch_sampler=self.sampler,
                                   collate_fn=collate_train)
         self._fresh = self._closed = False
         self.set_epoch(0)
@@ -215,10 +241,11 @@ class ValLoader:
         return it if self.loader.num_workers else _one_thread(it)
 
 
-def build_train_loader(data_cfg: DataConfig, cfg) -> TrainLoader:
+def build_train_loader(data_cfg: DataConfig, cfg, rank: int = 0, world_size: int = 1) -> TrainLoader:
+    """The training loader; under multi-process training, rank's share of every global batch."""
     split = scan_split("train", data_cfg.train, data_cfg.nc)
     dataset = TrainDataset(split, int(cfg.imgsz), cfg, seed=int(cfg.seed), cache=cfg.cache)
-    return TrainLoader(dataset, cfg)
+    return TrainLoader(dataset, cfg, rank, world_size)
 
 
 def build_val_loader(data_cfg: DataConfig, cfg, batch: int | None = None) -> ValLoader:

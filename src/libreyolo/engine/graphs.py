@@ -34,6 +34,7 @@ import contextlib
 import gc
 import inspect
 import logging
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -123,6 +124,9 @@ class GraphManager:
         if not getattr(cfg, "cuda_graph", False):
             return cls.off(module, None)
         reason = unsupported_reason(model, family, device, distill)
+        if reason == MULTI_PROCESS:
+            log.info(f"cuda_graph=true: {reason} ({_world_size()} processes); training eager")
+            return cls.off(module, reason)
         if reason is not None:
             log.info(f"cuda_graph=True ignored: {reason}; training eager")
             return cls.off(module, reason)
@@ -228,24 +232,36 @@ class GraphManager:
                 "fallback_reason": self.fallback_reason}
 
 
+# Under DDP the reference we follow trains eager: capture would have to happen before DDP wraps the
+# model, inside a side-stream warm-up, with DDP's bucket hooks and all-reduces in the graph
+# (GPU_NOTES.md). Checked first, so a CPU DDP run says the same line as a GPU one.
+MULTI_PROCESS = "not available under multi-GPU training"
+
+
 def unsupported_reason(model: nn.Module, family: Any, device: torch.device, distill: bool) -> str | None:
     """Why this run cannot use CUDA graphs, or None."""
+    if isinstance(model, nn.parallel.DistributedDataParallel) or _world_size() > 1:
+        return MULTI_PROCESS
     plan = family.capture
     if plan.region not in ("network", "encoder"):
         return f"{family.display} has no capturable region ({plan.reason or plan.region})"
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device (training on {device.type})"
-    if isinstance(model, nn.parallel.DistributedDataParallel) or _distributed():
-        # Capture would have to happen before DDP wraps the model, with its own warm-up rules.
-        return "not used with distributed (DDP) training"
     if distill:
         return "not used with distillation (the teacher's forward is not part of the graph)"
     return None
 
 
-def _distributed() -> bool:
+def _world_size() -> int:
+    """Processes in the run: the process group's, else torchrun's WORLD_SIZE (graphs are decided
+    before or after the group exists, the same way)."""
     dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    try:
+        return int(os.environ.get("WORLD_SIZE") or 1)
+    except ValueError:
+        return 1
 
 
 def _pending_backward(graph: Graphed) -> bool:

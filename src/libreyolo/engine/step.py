@@ -3,11 +3,13 @@
 (`data`, the wait for the batch, is measured by the trainer.) The step performs no host
 synchronisation: the loss items it returns stay on the device and are read once per log interval.
 Levers wrap the step instead of forking it: `precision` supplies autocast and the scaler; a CUDA
-graph manager, when present, stands in for `model.capturable`.
+graph manager, when present, stands in for `model.capturable`; under multi-process training the
+DDP wrapper (engine/distributed.py) runs the forward, so backward all-reduces the gradients.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,7 @@ class StepContext:
     device: torch.device
     channels_last: bool = False
     graphs: Any = None  # the GraphManager behind `capturable` (stats, invalidate)
+    ddp: Any = None     # DistributedDataParallel around the training forward, under multi-process training
 
 
 def train_step(ctx: StepContext, batch, update: bool) -> torch.Tensor:
@@ -49,14 +52,21 @@ def train_step(ctx: StepContext, batch, update: bool) -> torch.Tensor:
             images = images.contiguous(memory_format=torch.channels_last)
         images = images.float().div_(255.0)
         targets = batch.targets.to(ctx.device, non_blocking=True)
-    with phase("forward"):
-        with ctx.precision.autocast():
-            preds = ctx.model.forward_train(ctx.capturable(images), targets)
-    with phase("loss"):
-        # Outside autocast: the criterion works in float32 whatever the autocast dtype.
-        loss, loss_items = ctx.criterion(preds, targets)
-    with phase("backward"):
-        ctx.precision.backward(loss)
+    # Under DDP a micro-batch that does not step the optimizer keeps its gradients local
+    # (no_sync); the one that steps all-reduces the accumulated sum during its backward.
+    local = ctx.ddp.no_sync() if ctx.ddp is not None and not update else contextlib.nullcontext()
+    with local:
+        with phase("forward"):
+            with ctx.precision.autocast():
+                if ctx.ddp is not None:
+                    preds = ctx.ddp(images, targets)
+                else:
+                    preds = ctx.model.forward_train(ctx.capturable(images), targets)
+        with phase("loss"):
+            # Outside autocast: the criterion works in float32 whatever the autocast dtype.
+            loss, loss_items = ctx.criterion(preds, targets)
+        with phase("backward"):
+            ctx.precision.backward(loss)
     if update:
         with phase("optimizer"):
             ctx.precision.step(ctx.optimizer, ctx.params, ctx.clip_grad)

@@ -23,6 +23,7 @@ from ..profiler.artifacts import write_json_atomic
 from ..profiler.markers import phase
 from ..profiler.window import profiler_hooks
 from . import checkpoint as ckpt_io
+from . import distributed
 from .ema import ModelEMA
 from .graphs import GraphManager
 from .hooks import CheckpointHook, Hook, ProgressHook, ResultsHook, ValidationHook
@@ -58,12 +59,27 @@ class Trainer:
         self.clock = RunClock()
         self.cfg, self.family, self.size, self.data_cfg = cfg, family, size, data_cfg
         self.run_dir, self.device = run_dir, device
+        # Under torchrun this process is one of world.size (engine/distributed.py); alone, (0, 1).
+        self.world = w = distributed.world()
+        distributed.check_batch(cfg.batch, w)
         seed_everything(cfg.seed, cfg.deterministic)
         self.model = model.to(device)
         if cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.train_loader = build_train_loader(data_cfg, cfg)
-        self.val_loader = build_val_loader(data_cfg, cfg) if cfg.val else None
+        self.train_loader = build_train_loader(data_cfg, cfg, w.rank, w.size)
+        self.val_loader = build_val_loader(data_cfg, cfg) if cfg.val and w.main else None  # rank 0 validates
+        if w.active:
+            self.backend = distributed.init(w, device, cfg.ddp_timeout)
+            # Before the EMA copies the model and the optimizer flattens its parameters.
+            self.model, message = distributed.sync_batch_norm(self.model, cfg.sync_bn, device, w)
+            if message:
+                log.info(message)
+            # Per-rank process RNGs (the initial weights were drawn from `seed` on every rank); the
+            # augmentation draws from per-sample generators and is the same whichever rank loads.
+            seed_everything(cfg.seed + w.rank, cfg.deterministic)
+            tail = len(self.train_loader.dataset) % cfg.batch
+            if 0 < tail < w.size:
+                log.info(f"the last {tail} image(s) of each epoch's order are left out: fewer than one per process")
         self.steps_per_epoch = len(self.train_loader)
         updates = cfg.epochs * math.ceil(self.steps_per_epoch / accumulate_steps(cfg.batch, cfg.nbs))
         cfg, message = resolve_auto(cfg, len(data_cfg.names), updates)
@@ -78,8 +94,12 @@ class Trainer:
         self.optimizer, self.precision, self.ema, self.criterion, self.graphs = (
             self.ctx.optimizer, self.ctx.precision, self.ctx.ema, self.ctx.criterion, self.ctx.graphs)
         self.schedule = LRSchedule(self.optimizer, cfg, self.steps_per_epoch, accumulate_steps(cfg.batch, cfg.nbs))
-        self.hooks: list[Hook] = hooks if hooks is not None else [
-            ValidationHook(), ResultsHook(), CheckpointHook(), ProgressHook(), *profiler_hooks(cfg)]
+        # Rank 0 validates, writes results and checkpoints and shows progress; the other ranks run
+        # no hooks of their own and wait for its decisions at each epoch end (_end_epoch_sync).
+        if hooks is None:
+            hooks = [ValidationHook(), ResultsHook(), CheckpointHook(), ProgressHook(), *profiler_hooks(cfg)] \
+                if w.main else []
+        self.hooks: list[Hook] = hooks
         self.start_epoch, self.epoch, self.batch_index, self.iteration = 0, 0, 0, 0
         self.best_fitness, self.best_epoch, self.improved, self.stop = -1.0, -1, False, False
         self.metrics: dict[str, float] = {}
@@ -89,6 +109,7 @@ class Trainer:
         self._epoch_sum, self._epoch_count = [0.0] * len(self.item_names), 0
         self._acc = torch.zeros(len(self.item_names), device=device)  # device-side loss sums
         self._finite = torch.zeros((), device=device)                 # finite steps in the interval
+        self._rank_rng: list | None = None  # every rank's RNG state at the epoch end (rank 0)
         if resume is not None:
             try:
                 self._load_resume(resume)
@@ -96,36 +117,62 @@ class Trainer:
                 # The weights were checked by the caller; this is the rest of a damaged state.
                 raise CheckpointError(f"cannot resume: the checkpoint's training state is damaged "
                                       f"({type(exc).__name__}: {str(exc).strip()[:120]})") from None
+        if w.active:
+            # After the optimizer made its flat tensors (DDP hooks the parameter views) and after a
+            # resume loaded the weights on every rank. The criterion becomes this rank's share of
+            # the global batch's loss.
+            self.ctx.ddp = distributed.wrap(self.model, device)
+            self.ctx.criterion = self.criterion = distributed.GlobalLoss(self.criterion, w.size)
 
     # --- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
         log.info(f"training {self.family.display}-{self.size} on {self.data_cfg.name} "
                  f"({self.train_loader.num_images} train images) for {self.cfg.epochs} epochs on "
-                 f"{_device_name(self.device)}; precision: {self.precision.describe()}; run dir {self.run_dir}")
+                 f"{self._where()}; precision: {self.precision.describe()}; run dir {self.run_dir}")
         self.clock.start_train()
         self._call("before_train")
         epochs_run = 0
-        with out_of_memory_as_error(self.cfg, self.device):
+        with distributed.failures_as_error(self.world, self.cfg.ddp_timeout, self._last_good), \
+                out_of_memory_as_error(self.cfg, self.device):
             for epoch in range(self.start_epoch, self.cfg.epochs):
                 self.epoch = epoch
                 self.train_loader.set_epoch(self.epoch)
                 self._family_epoch()
                 self._call("before_epoch")
                 self.run_epoch()
+                if self.world.active:
+                    self._rank_rng = distributed.gather_object(ckpt_io.rng_state())
                 self._call("after_epoch")
+                self._end_epoch_sync()
                 epochs_run += 1
                 if self.stop:
                     break
         self._call("after_train")
         self.clock.finish()
         timings = self.clock.summary()
-        write_json_atomic(self.run_dir / "timings.json", timings)
+        if self.world.main:
+            write_json_atomic(self.run_dir / "timings.json", timings)
         log.info(describe(timings))
+        if self.world.active:
+            distributed.shutdown()
         weights = self.run_dir / "weights"
         best = weights / "best.pt"
         return TrainResult(metrics=dict(self.metrics), run_dir=self.run_dir,
                            best=best if best.exists() else weights / "last.pt",
                            last=weights / "last.pt", epochs_run=epochs_run, timings=timings)
+
+    def _where(self) -> str:
+        if not self.world.active:
+            return _device_name(self.device)
+        return (f"{self.world.size} processes ({self.backend}; {_device_name(self.device)} on rank 0), "
+                f"{self.cfg.batch // self.world.size} images each of every batch of {self.cfg.batch}")
+
+    def _end_epoch_sync(self) -> None:
+        """Rank 0's decisions after its validation and checkpoints reach every rank (the others
+        wait here for it meanwhile): stop early or not, and the metrics every rank's result holds."""
+        if self.world.active:
+            self.stop, self.metrics, self.best_fitness, self.best_epoch = distributed.broadcast_object(
+                (self.stop, self.metrics, self.best_fitness, self.best_epoch))
 
     def _family_epoch(self) -> None:
         """Let the family switch epoch-dependent training (YOLOX's L1 term when mosaic closes); a
@@ -160,7 +207,9 @@ class Trainer:
             update = since_update >= self.schedule.accumulate_at(self.epoch, self.batch_index) or self.batch_index + 1 == n
             since_update = 0 if update else since_update
             items = train_step(self.ctx, batch, update)
-            self._accumulate(items, batch.images.shape[0])
+            # img/s counts the global batch: every rank's images of this step.
+            self._accumulate(items, self.train_loader.sampler.global_size(batch_index)
+                             if self.world.active else batch.images.shape[0])
             if (self.batch_index + 1) % self.cfg.log_interval == 0 or self.batch_index + 1 == n:
                 self._read_losses()
             self._call("after_step")
@@ -187,6 +236,9 @@ class Trainer:
         self._interval_images += images
 
     def _read_losses(self) -> None:
+        # Under DDP the items are already the global batch's on every rank (GlobalLoss all-reduces
+        # them with the normaliser each step), so this read needs no collective, and every rank
+        # reaches the same verdict on a non-finite loss.
         values = torch.cat([self._acc, self._finite.reshape(1)]).tolist()  # the loop's one sync
         *sums, finite = values
         bad = self._interval_steps - int(finite)
@@ -239,6 +291,9 @@ class Trainer:
             "metrics": dict(self.metrics), "config": self.cfg.to_dict(), "rng": ckpt_io.rng_state(),
             "hooks": {type(h).__name__: h.state_dict() for h in self.hooks},
             "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            # A multi-process run's every RNG, rank by rank: a resume on as many processes restores
+            # each; on another count rank 0 takes `rng` and the others start from seed + rank.
+            **({"rng_ranks": self._rank_rng} if self._rank_rng is not None else {}),
         }
 
     def save(self, path: Path) -> Path:
@@ -261,7 +316,11 @@ class Trainer:
         self.best_fitness = float(ckpt.get("best_fitness", -1.0))
         self.best_epoch = int(ckpt.get("best_epoch", -1))
         self.metrics = dict(ckpt.get("metrics") or {})
-        ckpt_io.restore_rng_state(ckpt["rng"])
+        ranks = ckpt.get("rng_ranks")
+        if isinstance(ranks, list) and len(ranks) == self.world.size:
+            ckpt_io.restore_rng_state(ranks[self.world.rank])
+        elif self.world.main:
+            ckpt_io.restore_rng_state(ckpt["rng"])
         for hook in self.hooks:
             hook.load_state_dict(ckpt.get("hooks", {}).get(type(hook).__name__, {}))
         log.info(f"resuming from epoch {self.start_epoch + 1}/{self.cfg.epochs}")
@@ -353,6 +412,8 @@ def _device_name(device: torch.device) -> str:
 
 class OutOfMemory(LibreYOLOError):
     """A batch the device cannot hold."""
+
+    per_rank = True  # under DDP each process says it for its own device (cli/app.py)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -127,8 +127,8 @@ class ProfilerHook(Hook):
     def before_train(self, trainer) -> None:
         n = world_size()
         if n > 1:
-            log.info(f"profile=True ignored under distributed training ({n} processes): profile a "
-                     f"single-process run")
+            log.info(f"profile=true: not available under multi-GPU training ({n} processes); training "
+                     "without the profiler (profile a single-process run)")
             trainer.remove_hook(self)
         elif self.skip == 0:
             self._begin(trainer)

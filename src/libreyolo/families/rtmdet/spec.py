@@ -25,12 +25,14 @@ SPEC = FamilySpec(
     # - mixup on every mosaic image (CachedMixUp, prob 1.0);
     # - scale jitter 0.1-2.0 on the mosaic (RandomResize ratio_range): our symmetric `scale`
     #   gets closest with 0.9 (0.1-1.9);
-    # - loss weights QFL 1.0, GIoU 2.0.
+    # - loss weights QFL 1.0, GIoU 2.0;
+    # - SyncBN in backbone, neck and head (norm_cfg type SyncBN): sync_bn under multi-GPU training.
     # Not expressible here: the image caches of mosaic/mixup, EMA momentum 0.0002, 300 epochs
     # (left to the user, as for every family).
     defaults={"optimizer": "adamw", "lr0": 0.001, "lrf": 0.05, "lr_schedule": "cosine",
               "momentum": 0.9, "weight_decay": 0.05, "warmup_bias_lr": 0.0, "warmup_momentum": 0.9,
-              "clip_grad": 0.0, "no_aug_epochs": 20, "mixup": 1.0, "scale": 0.9, "box": 2.0, "cls": 1.0},
+              "clip_grad": 0.0, "no_aug_epochs": 20, "mixup": 1.0, "scale": 0.9, "box": 2.0, "cls": 1.0,
+              "sync_bn": True},
     # rtmdet_s/_tiny configs: scale jitter 0.5-2.0 (our 0.5 keeps its lower bound: 0.5-1.5);
     # tiny also mixes up only half of the images (prob 0.5).
     size_defaults={"t": {"mixup": 0.5, "scale": 0.5}, "s": {"scale": 0.5}},
