@@ -284,7 +284,7 @@ CASES: list[tuple[str, list[str], str, object]] = [
     ("lr0=-0.1", ["train", "--lr0=-0.1"], "bad value for 'lr0': -0.1", None),
     ("mosaic=1.5", ["train", "mosaic=1.5"], "bad value for 'mosaic': 1.5", None),
     ("amp=maybe", ["train", "amp=maybe"], "bad value for 'amp': 'maybe' (allowed: bool)", None),
-    ("optimizer=adam", ["train", "optimizer=adam"], "(allowed: sgd|adamw)", None),
+    ("optimizer=adam", ["train", "optimizer=adam"], "(allowed: auto|sgd|adamw)", None),
     ("amp_dtype", ["train", "amp_dtype=float8"], "(allowed: float16|bfloat16)", None),
     ("cache=maybe", ["train", "cache=maybe"], "(allowed: false|ram|disk)", None),
     ("nbs=0", ["train", "nbs=0"], "bad value for 'nbs': 0", None),

@@ -7,7 +7,7 @@ CASES = [
     (["train", "batch=abc"], "bad value for 'batch': 'abc' (allowed: int)"),
     (["train", "epochs"], "expected key=value, got 'epochs' (did you mean 'epochs=...'?)"),
     (["train", "amp=maybe"], "bad value for 'amp': 'maybe' (allowed: bool)"),
-    (["train", "optimizer=adam"], "bad value for 'optimizer': 'adam' (allowed: sgd|adamw)"),
+    (["train", "optimizer=adam"], "bad value for 'optimizer': 'adam' (allowed: auto|sgd|adamw)"),
     (["train", "mosaic=1.5"], "bad value for 'mosaic': 1.5 (allowed: float in [0.0, 1.0])"),
     (["train", "epochs=0"], "bad value for 'epochs': 0 (allowed: int in [1, 100000])"),
     (["train", "batch=2", "batch=4"], "key 'batch' given twice"),
