@@ -23,6 +23,7 @@ from .config import FIELDS, VAL_KEYS, TrainConfig, build_config
 from .errors import CheckpointError, ConfigError, DataError, LibreYOLOError, ModelNameError
 from .families import REGISTRY, arch_name, get_family, parse_arch, weights_name
 from .families.base import FamilySpec
+from .logs import ensure_logging
 
 log = logging.getLogger("libreyolo")
 
@@ -135,6 +136,7 @@ class LibreYOLO:
     """`LibreYOLO("LibreYOLO9s.pt")` or `LibreYOLO("yolo9-t")`; then `.train(data=...)`, `.val(data=...)`."""
 
     def __init__(self, model: str):
+        ensure_logging()  # a script sees the lines the CLI prints (logs.py)
         self.name = model
         self.source = resolve_model(model)
 

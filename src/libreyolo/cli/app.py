@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import typer
 
 from .. import __version__
 from ..errors import ConfigError, LibreYOLOError
+from ..logs import setup_logging
 
 EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 
@@ -60,32 +60,6 @@ def user_errors(fn: Callable) -> Callable:
             raise typer.Exit(130) from None
 
     return wrapper
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to sys.stderr as it is when a line is logged, not as it was when the handler was
-    made: the CLI run in-process (tests, notebooks) sees its log lines where its errors go."""
-
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:  # StreamHandler.__init__ and setStream assign it
-        pass
-
-
-def setup_logging() -> None:
-    logger = logging.getLogger("libreyolo")
-    if not logger.handlers:
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
 
 
 @app.command(context_settings=EXTRA)
