@@ -74,13 +74,12 @@ def train(ctx: typer.Context) -> None:
     stdout when done (--json: one JSON object with run_dir, best, metrics and timings).
     """
     from .grammar import parse_overrides
+    from .precheck import check_inputs
 
     setup_logging()
     tokens = [t for t in ctx.args if t != "--json"]
     as_json = len(tokens) != len(ctx.args)
     args = parse_overrides(tokens)  # before importing torch: a typo answers instantly
-    from ..model import LibreYOLO
-
     model = args.pop("model", None)
     resume = args.get("resume")
     if model is None and isinstance(resume, str) and resume not in ("", "false"):
@@ -88,6 +87,9 @@ def train(ctx: typer.Context) -> None:
     if model is None:
         raise LibreYOLOError("no model given: pass model=yolo9-t (architecture), model=LibreYOLO9s.pt or "
                              "model=path/to/last.pt")
+    check_inputs(args, model)  # so is a missing file
+    from ..model import LibreYOLO
+
     result = LibreYOLO(model).train(**args)
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
     typer.echo(f"done: {result.epochs_run} epochs, results in {result.run_dir}"
@@ -106,16 +108,18 @@ def val(ctx: typer.Context) -> None:
     """
     from ..config import VAL_KEYS
     from .grammar import parse_overrides
+    from .precheck import check_inputs
 
     setup_logging()
     tokens = [t for t in ctx.args if t != "--json"]
     as_json = len(tokens) != len(ctx.args)
     args = parse_overrides(tokens, allowed=VAL_KEYS)
-    from ..model import LibreYOLO
-
     model = args.pop("model", None)
     if model is None:
         raise LibreYOLOError("no model given: pass model=path/to/best.pt (or an architecture name)")
+    check_inputs(args, model)  # before importing torch: a missing file answers instantly
+    from ..model import LibreYOLO
+
     metrics = LibreYOLO(model).val(**args)
     if as_json:
         typer.echo(json.dumps(metrics))

@@ -31,6 +31,7 @@ def step(ctx: typer.Context,
     """
     from ..bench import bench_step, format_table, parse_arms
     from .grammar import parse_overrides
+    from .precheck import check_inputs
 
     setup_logging()
     # arms=... is accepted in the key=value style too.
@@ -43,5 +44,6 @@ def step(ctx: typer.Context,
         from ..errors import ConfigError
 
         raise ConfigError("no model given: pass model=yolo9-t (or a checkpoint)")
+    check_inputs(user)  # before the bench imports torch: a missing file answers instantly
     results = bench_step(user, parse_arms(arms), steps=steps, warmup=warmup, repeat=repeat)
     typer.echo(json.dumps(results, indent=1) if as_json else format_table(results))

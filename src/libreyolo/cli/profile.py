@@ -84,6 +84,7 @@ def run(ctx: typer.Context,
     from ..config import FIELDS
     from ..errors import ConfigError
     from .grammar import parse_overrides
+    from .precheck import check_data, check_model
 
     setup_logging()
     if "=" in data and data.split("=", 1)[0] in FIELDS:
@@ -92,6 +93,8 @@ def run(ctx: typer.Context,
     for key, instead in RESERVED.items():
         if key in overrides:
             raise ConfigError(f"'{key}' cannot be set for profile run: {instead}")
+    check_model(weights)  # before resolve_weights imports torch: a missing file answers instantly
+    check_data(data)
     model = resolve_weights(weights, size)
     from ..profiler.artifacts import load_profile, summary
     from ..profiler.repeat import run_once, run_trials
