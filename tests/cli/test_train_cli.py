@@ -35,11 +35,21 @@ def test_train_two_epochs_then_val(cli, tmp_path):
     assert 0.0 <= float(rows[-1]["map50_95"]) <= 1.0
     assert set(out["metrics"]) >= {"map50_95", "map50"}
 
-    val = cli("val", f"model={out['best']}", "data=shapes", "imgsz=128", "batch=8", "device=cpu", "workers=0", "--json")
+    # The checkpoint was trained at 128 px on shapes: val takes both from it, and says so.
+    val = cli("val", f"model={out['best']}", "batch=8", "device=cpu", "workers=0", "--json")
     assert val.returncode == 0, val.stderr
     metrics = json.loads(val.stdout)
-    assert metrics["num_images"] == 32
+    assert (metrics["imgsz"], metrics["data"], metrics["num_images"]) == (128, "shapes", 32)
+    assert ("imgsz 128 (from the checkpoint's training arguments), data shapes (from the checkpoint's "
+            "training arguments)") in val.stderr
     assert metrics["map50_95"] == pytest.approx(out["metrics"]["map50_95"], abs=1e-6)
+    rows = metrics["per_class"]
+    assert len(rows) == 10 and sum(r["instances"] for r in rows) == 506 and "curves" not in metrics
+    table = [ln.split() for ln in val.stderr.splitlines()]
+    assert ["class", "images", "instances", "P", "R", "mAP50", "mAP50-95"] in table
+    assert any(ln[:3] == ["all", "32", "506"] for ln in table)
+    at64 = cli("val", f"model={out['best']}", "imgsz=64", "batch=8", "device=cpu", "workers=0")
+    assert at64.returncode == 0 and "imgsz 64 (as given)" in at64.stderr, at64.stderr
 
     # A second run gets a fresh directory.
     again = cli("train", *FAST, "epochs=1", "val=false")

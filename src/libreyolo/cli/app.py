@@ -101,10 +101,12 @@ def train(ctx: typer.Context) -> None:
 @app.command(context_settings=EXTRA)
 @user_errors
 def val(ctx: typer.Context) -> None:
-    """Validate a model: libreyolo val model=runs/train/exp/weights/best.pt data=shapes [--json]
+    """Validate a model: libreyolo val model=runs/train/exp/weights/best.pt [data=shapes] [--json]
 
-    Keys: model, data, batch, imgsz, device, workers, conf, iou, max_det, amp, amp_dtype.
-    Prints mAP50-95 and mAP50; --json prints one JSON object on stdout for pipelines.
+    Keys: model, data, batch, imgsz, device, workers, conf, iou, max_det, amp, amp_dtype. A
+    checkpoint validates at the image size it was trained at, on its training dataset, unless
+    imgsz= or data= say otherwise. Prints a per-class table on stderr and mAP50-95 and mAP50 on
+    stdout; --json prints one JSON object (metrics, per_class rows, the imgsz and data used).
     """
     from ..config import VAL_KEYS
     from .grammar import parse_overrides
@@ -122,7 +124,7 @@ def val(ctx: typer.Context) -> None:
 
     metrics = LibreYOLO(model).val(**args)
     if as_json:
-        typer.echo(json.dumps(metrics))
+        typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "curves"}))  # curves: results.html
     else:
         typer.echo(f"mAP50-95 {metrics['map50_95']:.4f}  mAP50 {metrics['map50']:.4f}  "
                    f"({metrics['num_images']} images)")

@@ -93,6 +93,9 @@ def _format_log(trainer: Trainer) -> str:
     return "  ".join(parts)
 
 
+DETAIL_KEYS = ("per_class", "curves")  # evaluate()'s non-scalar results (eval/details.py)
+
+
 class ValidationHook(Hook):
     """Validate the EMA weights every `eval_interval` epochs and after the last; early stopping."""
 
@@ -101,7 +104,11 @@ class ValidationHook(Hook):
         last = trainer.epoch + 1 == cfg.epochs
         if not cfg.val or not (last or (trainer.epoch + 1) % cfg.eval_interval == 0):
             return
-        trainer.metrics = trainer.validate()
+        metrics = trainer.validate()
+        # The per-class rows and curves feed results.html (ResultsHook); trainer.metrics stays the
+        # scalar figures that checkpoints, results.csv and `train --json` carry.
+        trainer.val_details = {k: metrics.pop(k) for k in DETAIL_KEYS if k in metrics}
+        trainer.metrics = metrics
         trainer.validated_epoch = trainer.epoch
         fitness = 0.9 * trainer.metrics["map50_95"] + 0.1 * trainer.metrics["map50"]
         if fitness > trainer.best_fitness or trainer.best_epoch < 0:
