@@ -35,6 +35,8 @@ def test_train_two_epochs_then_val(cli, tmp_path):
     assert 0.0 <= float(rows[-1]["map50_95"]) <= 1.0
     assert set(out["metrics"]) >= {"map50_95", "map50"}
 
+    assert (run_dir / "results.html").is_file()
+
     # The checkpoint was trained at 128 px on shapes: val takes both from it, and says so.
     val = cli("val", f"model={out['best']}", "batch=8", "device=cpu", "workers=0", "--json")
     assert val.returncode == 0, val.stderr

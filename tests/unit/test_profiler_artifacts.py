@@ -3,11 +3,9 @@
 import copy
 import io
 import json
-import shutil
-import subprocess
 
 import pytest
-from testkit import KERNEL, make_profile
+from testkit import CHROMIUM, KERNEL, NEEDS_CHROMIUM, chromium_render, ink, make_profile
 
 from libreyolo.errors import ProfileFormatError
 from libreyolo.profiler import artifacts
@@ -143,35 +141,19 @@ def test_timeline_is_self_contained_and_escapes_names():
     assert "cuda_graph=True" in page
 
 
-CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-# Chromium with every background connection off: the page must draw from what it embeds.
-HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--disable-quic", "--virtual-time-budget=20000"]
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (.ci/run installs Debian's package)")
+@pytest.mark.skipif(CHROMIUM is None, reason=NEEDS_CHROMIUM)
 def test_timeline_renders_in_headless_chromium(tmp_path):
-    from torchvision.io import ImageReadMode, read_image
-
     profile = make_profile()
     gantt = [{"row": "stream 7", "name": KERNEL, "start_ms": 0.0, "dur_ms": 0.5},
              {"row": "phases", "name": "forward", "start_ms": 0.0, "dur_ms": 6.0}]
     page = tmp_path / "timeline.html"
     html = render(profile, gantt)
     page.write_text(html)
-    browse = [CHROMIUM, *HEADLESS, f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*browse, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
-    assert dom.returncode == 0, dom.stderr[-2000:]
+    dom, shot = chromium_render(page, tmp_path)
     # plotly drew every figure from the inlined script (no network), and the verdict banner is there
-    assert dom.stdout.count('class="main-svg"') >= html.count("Plotly.newPlot") >= 1
-    assert "launch-bound" in dom.stdout
-    shot = tmp_path / "shot.png"
-    run = subprocess.run([*browse, "--window-size=1280,2000", f"--screenshot={shot}", page.as_uri()],
-                         capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
-    pixels = read_image(str(shot), ImageReadMode.RGB).flatten(1)  # 3 x H*W
-    inked = (pixels < 235).any(0).float().mean().item()  # anything not (near) white
-    colours = len(set(map(tuple, pixels[:, ::97].T.tolist())))
+    assert dom.count('class="main-svg"') >= html.count("Plotly.newPlot") >= 1
+    assert "launch-bound" in dom
+    inked, colours = ink(shot)
     assert inked > 0.05 and colours > 20, (inked, colours)
 
 

@@ -120,7 +120,8 @@ class ValidationHook(Hook):
 
 
 class ResultsHook(Hook):
-    """One row per epoch in results.csv: losses, learning rate, metrics, timing, skipped steps."""
+    """One row per epoch in results.csv: losses, learning rate, metrics, timing, skipped steps;
+    results.html (plots.py) after every validation and when training ends."""
 
     def before_train(self, trainer: Trainer) -> None:
         self._skipped_before = trainer.precision.skipped_steps()  # a resumed run's count carries on
@@ -159,11 +160,27 @@ class ResultsHook(Hook):
             if new:
                 writer.writeheader()
             writer.writerow(row)
+        if fresh:  # new curves to show: a long run's page is never older than its last validation
+            self._write_page(trainer)
         new_skips = row["skipped_steps"] - self._skipped_before
         self._skipped_before = row["skipped_steps"]
         if new_skips:  # said only for epochs that skipped: the usual early overflows are one line each
             log.info(f"epoch {row['epoch']}: float16 loss scaler skipped {new_skips} steps for overflow "
                      f"({row['skipped_steps']} in all)")
+
+    def after_train(self, trainer: Trainer) -> None:
+        self._write_page(trainer)
+
+    @staticmethod
+    def _write_page(trainer: Trainer) -> None:
+        from ..plots import write_results_html
+
+        cfg = trainer.cfg
+        meta = {"arch": f"{trainer.family.name}-{trainer.size}", "data": trainer.data_cfg.name,
+                "epoch": f"{trainer.epoch + 1}/{cfg.epochs}", "imgsz": cfg.imgsz, "batch": cfg.batch,
+                "best epoch": trainer.best_epoch + 1 if trainer.best_epoch >= 0 else None,
+                "run": str(trainer.run_dir)}
+        write_results_html(trainer.run_dir, getattr(trainer, "val_details", None), meta)
 
 
 class CheckpointHook(Hook):
