@@ -35,6 +35,11 @@ def test_train_two_epochs_then_val(cli, tmp_path):
     assert 0.0 <= float(rows[-1]["map50_95"]) <= 1.0
     assert set(out["metrics"]) >= {"map50_95", "map50"}
 
+    # Without a terminal: plain lines, an epoch's own line once it ends (a slow epoch also prints
+    # progress lines, `epoch 1/2  8/32 steps (25%) ...`).
+    assert "\x1b[" not in result.stderr
+    ends = [ln.split("  ")[0] for ln in result.stderr.splitlines() if ln.startswith("epoch ") and " steps (" not in ln]
+    assert ends == ["epoch 1/2", "epoch 2/2"]
     assert (run_dir / "results.html").is_file()
 
     # The checkpoint was trained at 128 px on shapes: val takes both from it, and says so.
