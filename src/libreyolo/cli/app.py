@@ -62,24 +62,64 @@ def user_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-@app.command(context_settings=EXTRA)
-@user_errors
-def train(ctx: typer.Context) -> None:
-    """Train a detector: libreyolo train model=yolo9-t data=shapes epochs=10 [key=value ...]
+# The keys `train --help` shows with their defaults: what most runs set (`libreyolo cfg` lists all).
+MOST_USED = ("model", "data", "epochs", "batch", "imgsz", "device", "workers", "amp", "amp_dtype", "cuda_graph",
+             "resume", "project", "name")
 
-    Every key of `libreyolo cfg` can be set as key=value (or --key value). model= takes an
-    architecture (yolo9-t), an official weights name (LibreYOLO9s.pt) or a checkpoint file;
-    data= a built-in dataset (shapes, coco128) or a dataset yaml. resume=true continues the
-    newest run's last.pt; resume=path/last.pt a given one. Prints the best checkpoint's path on
-    stdout when done (--json: one JSON object with run_dir, best, metrics and timings).
-    """
+
+def keys_help(keys, defaults: dict | None = None) -> str:
+    """A help paragraph, one `key=  default  meaning` line per key, kept as laid out (Click's
+    `\\b` marker stops it rewrapping the paragraph)."""
+    from ..config import FIELDS, show_value
+
+    shown = {k: (defaults or {}).get(k, show_value(FIELDS[k].default)) for k in keys}
+    kw, dw = max(len(k) for k in keys) + 1, max(len(v) for v in shown.values())
+    return "\n".join(["\b"] + [f"  {k + '=':<{kw}}  {shown[k]:<{dw}}  {FIELDS[k].metadata['doc']}" for k in keys])
+
+
+def groups_help(width: int = 100) -> str:
+    """Every key, by the groups of docs/hyperparameters.md, names only."""
+    import textwrap
+
+    from ..config import FIELDS
+    from ..docs import GROUPS
+
+    lines = ["\b"]
+    for group, title in GROUPS.items():
+        keys = " ".join(k for k, f in FIELDS.items() if f.metadata["group"] == group)
+        lines += textwrap.wrap(keys, width, initial_indent=f"  {title.lower() + ':':<15}", subsequent_indent=" " * 17)
+    return "\n".join(lines)
+
+
+TRAIN_HELP = f"""Train a detector: libreyolo train model=yolo9-t data=shapes epochs=10 [key=value ...]
+
+Every key of `libreyolo cfg` can be set as key=value (or --key value). model= takes an
+architecture (yolo9-t), an official weights name (LibreYOLO9s.pt) or a checkpoint file;
+data= a built-in dataset (shapes, coco128) or a dataset yaml. resume=true continues the
+newest run's last.pt; resume=path/last.pt a given one. Progress and logs go to stderr (a live
+bar on a terminal, plain lines in a log); the best checkpoint's path goes to stdout when done.
+
+Most used keys (key=, default, meaning):
+
+{keys_help(MOST_USED)}
+
+Every key by group (`libreyolo cfg` prints each with its default, type and meaning; a model's
+own defaults: `libreyolo cfg model=yolox-t`):
+
+{groups_help()}
+"""
+
+
+@app.command(context_settings=EXTRA, help=TRAIN_HELP)
+@user_errors
+def train(ctx: typer.Context,
+          as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout when done: run_dir, "
+                                                             "best, metrics and timings.")) -> None:
     from .grammar import parse_overrides
     from .precheck import check_inputs
 
     setup_logging()
-    tokens = [t for t in ctx.args if t != "--json"]
-    as_json = len(tokens) != len(ctx.args)
-    args = parse_overrides(tokens)  # before importing torch: a typo answers instantly
+    args = parse_overrides(ctx.args)  # before importing torch: a typo answers instantly
     model = args.pop("model", None)
     resume = args.get("resume")
     if model is None and isinstance(resume, str) and resume not in ("", "false"):
@@ -98,24 +138,34 @@ def train(ctx: typer.Context) -> None:
                            "metrics": result.metrics, "timings": result.timings}) if as_json else str(result.best))
 
 
-@app.command(context_settings=EXTRA)
-@user_errors
-def val(ctx: typer.Context) -> None:
-    """Validate a model: libreyolo val model=runs/train/exp/weights/best.pt [data=shapes] [--json]
+def _val_help() -> str:
+    from ..config import VAL_KEYS
 
-    Keys: model, data, batch, imgsz, device, workers, conf, iou, max_det, amp, amp_dtype. A
-    checkpoint validates at the image size it was trained at, on its training dataset, unless
-    imgsz= or data= say otherwise. Prints a per-class table on stderr and mAP50-95 and mAP50 on
-    stdout; --json prints one JSON object (metrics, per_class rows, the imgsz and data used).
-    """
+    return f"""Validate a model: libreyolo val model=runs/train/exp/weights/best.pt [data=shapes] [--json]
+
+Prints a per-class table (images, instances, P, R, mAP50, mAP50-95) on stderr and mAP50-95 and
+mAP50 on stdout. A checkpoint validates at the image size it was trained at, on its training
+dataset, unless imgsz= or data= say otherwise; a log line says which size and dataset it used.
+
+Keys (key=, default, meaning):
+
+{keys_help(VAL_KEYS, {"data": "ckpt*", "imgsz": "ckpt*|640"})}
+
+* the value the checkpoint was trained with; an architecture name has none (imgsz is then 640).
+"""
+
+
+@app.command(context_settings=EXTRA, help=_val_help())
+@user_errors
+def val(ctx: typer.Context,
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: the metrics, per_class "
+                                                           "rows, and the imgsz and data used.")) -> None:
     from ..config import VAL_KEYS
     from .grammar import parse_overrides
     from .precheck import check_inputs
 
     setup_logging()
-    tokens = [t for t in ctx.args if t != "--json"]
-    as_json = len(tokens) != len(ctx.args)
-    args = parse_overrides(tokens, allowed=VAL_KEYS)
+    args = parse_overrides(ctx.args, allowed=VAL_KEYS)
     model = args.pop("model", None)
     if model is None:
         raise LibreYOLOError("no model given: pass model=path/to/best.pt (or an architecture name)")
@@ -138,10 +188,11 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
         as_json: bool = typer.Option(False, "--json", help="One JSON list of {key, default, type, group, doc} "
                                                            "(and source, with a model)."),
         markdown: bool = typer.Option(False, "--markdown", help="The docs/hyperparameters.md tables.")) -> None:
-    """Print every training key with its default, type and one-line doc.
+    """Print every training key with its default, type and meaning, under a header row.
 
-    With a model, the defaults are the ones that model trains with, and a column says where each
-    comes from: base, the family's published recipe (e.g. yolox) or its size's (e.g. yolox-t)."""
+    With a model, the defaults are the ones that model trains with, and a `source` column says
+    where each comes from: base, the family's published recipe (e.g. yolox) or its size's (e.g.
+    yolox-t)."""
     from ..config import config_table
 
     sources = None
@@ -161,9 +212,11 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
 
         typer.echo(hyperparameters_markdown(), nl=False)
         return
+    # A header row names the columns; `source` is where a model's default comes from.
     columns = ("key", "default", "type") + (("source",) if sources is not None else ())
-    width = {c: max(len(r[c]) for r in rows) for c in columns}
-    for r in rows:
+    header = {**{c: c for c in columns}, "doc": "meaning"}
+    width = {c: max(len(r[c]) for r in [header, *rows]) for c in columns}
+    for r in [header, *rows]:
         typer.echo("  ".join(f"{r[c]:<{width[c]}}" for c in columns) + f"  {r['doc']}")
 
 
