@@ -116,20 +116,16 @@ def test_python_api(tmp_path, monkeypatch):
 
 def test_bench_step_cpu(cli):
     result = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "amp=false",
-                 "--steps", "3", "--warmup", "1", "arms=eager,fp32+graph", "--json")
+                 "--steps", "3", "--warmup", "1", "arms=eager,nchw", "--json")
     assert result.returncode == 0, result.stderr
     records = json.loads(result.stdout)
-    assert [r["arm"] for r in records] == ["eager", "fp32+graph"]
-    # Graphs need CUDA: on a CPU the graph arm trains eager and its record says why.
-    assert records[0]["graph"]["enabled"] is False and records[0]["graph"]["fallback_reason"] is None
-    assert "CUDA device" in records[1]["graph"]["fallback_reason"]
-    assert records[1]["graph"]["replayed_steps"] == 0
+    assert [r["arm"] for r in records] == ["eager", "nchw"]
     for r in records:
         assert r["step_ms_min"] <= r["step_ms_median"]
         assert r["kernel_busy_ms"] is None and r["utilisation"] is None  # no CUDA here
         assert set(r["synced_ms"]) == {"h2d", "forward", "loss", "backward", "optimizer+ema"}
         assert 0 < r["network_share"] < 1
-        assert r["precision"] == "float32"
+        assert r["precision"] == "float32" and r["graph"]["enabled"] is False
     table = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "--steps", "2", "--warmup", "1",
                 "--repeat", "2")
     assert table.returncode == 0, table.stderr
@@ -138,6 +134,14 @@ def test_bench_step_cpu(cli):
     for arms in ("turbo", "float16+turbo"):
         bad = cli("bench", "step", "model=yolo9-t", f"arms={arms}")
         assert bad.returncode == 2 and f"unknown arm '{arms}'" in bad.stderr
+    # On a CPU, float16/bfloat16 autocast and CUDA graphs would run float32 eager: refused, one line,
+    # before any arm runs.
+    inert = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu",
+                "arms=eager,float16+graph,bfloat16+graph")
+    assert inert.returncode == 2 and not inert.stdout and len(inert.stderr.strip().splitlines()) == 1, inert.stderr
+    assert inert.stderr.startswith("error: bench arms whose lever cannot act on cpu: 'float16+graph' (float16 "
+                                   "autocast needs a CUDA device, CUDA graphs need a CUDA device (training on cpu))")
+    assert "arms that act on cpu: eager, fp32, nchw, nhwc" in inert.stderr
 
 
 @pytest.mark.parametrize("model", ["yolox-n", "rtmdet-t"])
