@@ -202,3 +202,47 @@ def test_repeat_aggregate_and_report():
     lines = out.getvalue().splitlines()
     assert ["step_ms_mean", "17", "1", "16,", "18,", "17"] in [line.split() for line in lines]
     assert "verdict: launch-bound (2 of 3 trials)" in lines
+
+
+@pytest.mark.parametrize("overhead, expected", [
+    ({"fraction": None, "note": "needs profile_skip >= 3"}, "profiler overhead on measured steps: n/a (needs profile_skip >= 3)"),
+    ({"fraction": -0.857, "reference_ms": [70.0, 100.0, 130.0], "profiled_ms": [14.3, 14.3]},
+     "profiler overhead on measured steps: -85.7% (median of 2 profiled against 3 unprofiled steps, which spread 60%); "
+     "negative: profiling cannot speed a step up, so the unprofiled steps were slower (warm-up, a busy machine); "
+     "read it as no measurable overhead; profile_skip=7 or more gives a steadier figure"),
+    ({"fraction": 0.162, "reference_ms": [10.0, 9.0, 11.0, 10.0, 12.0, 8.0], "profiled_ms": [11.6] * 4},
+     "profiler overhead on measured steps: +16.2% (median of 4 profiled against 6 unprofiled steps, which spread 40%); "
+     "within the unprofiled steps' own spread"),
+    ({"fraction": 4.17, "reference_ms": [10.0] * 6, "profiled_ms": [51.7] * 9},
+     "profiler overhead on measured steps: +417.0% (median of 9 profiled against 6 unprofiled steps, which spread 0%)"),
+])
+def test_the_overhead_says_what_it_rests_on(overhead, expected):
+    from libreyolo.profiler.report import overhead_line
+
+    assert overhead_line(overhead) == expected
+
+
+def test_a_copy_says_where_it_was_read_from(tmp_path):
+    from libreyolo.profiler.report import where_line
+
+    profile = make_profile()  # recorded run_dir: runs/profile/prof
+    assert where_line(profile) == "artifacts in runs/profile/prof"
+    assert where_line(profile, tmp_path) == f"read from {tmp_path}; the run wrote its artifacts in runs/profile/prof"
+
+
+def test_summary_reads_a_repeat_aggregate_and_refuses_a_damaged_one(tmp_path):
+    a = artifacts.summary(make_profile())
+    rep = aggregate([a, {**a, "step_ms_mean": 18.0}], ["p/prof_1", "p/prof_2"])
+    artifacts.write_json_atomic(tmp_path / artifacts.REPEAT_FILE, rep)
+    assert artifacts.load_for_summary(tmp_path) == ("repeat", rep)
+    (tmp_path / "copy.json").write_text(json.dumps(rep))  # found by its schema, whatever its name
+    assert artifacts.load_for_summary(tmp_path / "copy.json") == ("repeat", rep)
+    with pytest.raises(ProfileFormatError, match="holds the trials of a --repeat run"):
+        artifacts.load_profile(tmp_path)
+    with pytest.raises(ProfileFormatError, match="is the aggregate of a --repeat run"):
+        artifacts.load_profile(tmp_path / "copy.json")
+    bad = copy.deepcopy(rep)
+    bad["figures"]["step_ms_mean"]["values"] = ["fast", 18.0]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ProfileFormatError, match=r"figures.step_ms_mean.values\[0\] is \"fast\", not a number"):
+        artifacts.load_for_summary(tmp_path / "bad.json")

@@ -92,7 +92,7 @@ def test_profiling_does_not_change_training(profiled, tiny_data, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_planted_faults_show_up(tmp_path, monkeypatch):
+def test_planted_faults_show_up(tmp_path, monkeypatch, one_thread):
     """A slow dataset makes the run dataloader-bound; an `.item()` in the loss is one sync per step."""
     from libreyolo.data.dataset import TrainDataset
     from libreyolo.families.yolo9.loss import YOLO9Loss
