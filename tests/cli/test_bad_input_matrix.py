@@ -382,6 +382,8 @@ CASES: list[tuple[str, list[str], str, object]] = [
     ("ckpt family", ["train", "model={c}", "data={data}"], "unknown family 'yolo99'", _ckpt(lambda c: c.update(family="yolo99"))),
     ("ckpt size", ["train", "model={c}", "data={data}"], "names size 'q' unknown", _ckpt(lambda c: c.update(size="q"))),
     ("val classes", ["val", "model={last}", "data={y}", "device=cpu", "workers=0", "imgsz=64"], "model was trained on 3 classes", _two_class_yaml),
+    ("val trained data gone", ["val", "model={c}", "device=cpu", "workers=0"],
+     "dataset yaml not found: gone/data.yaml (the dataset", _ckpt(lambda c: c["config"].update(data="gone/data.yaml"))),
     ("resume missing", ["train", "resume={d}/gone.pt"], "does not exist", None),
     ("resume=true none", ["train", "model=yolo9-t", "resume=true"], "resume=true but no last.pt", _stale_project),
     ("resume weights only", ["train", "resume={c}"], "cannot be resumed: its 'optimizer' is missing",
