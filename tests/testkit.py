@@ -1,6 +1,7 @@
 """Helpers shared by the test suites (importable as `testkit`: tests/ is on pytest's pythonpath)."""
 
 import json
+import shutil
 
 import torch
 
@@ -118,3 +119,37 @@ def make_profile():
         "memory": {"peak_allocated_mb": 900.0, "peak_reserved_mb": 1024.0, "host_peak_rss_mb": 3000.0},
         "overhead": {"reference_ms": [15.0, 15.5], "profiled_ms": [16.0], "fraction": 0.05},
     }
+
+
+# --- self-contained pages in headless Chromium (timeline.html, results.html) ----------------------
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+NEEDS_CHROMIUM = "needs chromium (.ci/run installs Debian's package)"
+# Chromium with every background connection off and a proxy that refuses everything: a page draws
+# from what it embeds or not at all.
+HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--disable-quic", "--proxy-server=http://127.0.0.1:9",
+            "--proxy-bypass-list=<-loopback>", "--virtual-time-budget=20000"]
+
+
+def chromium_render(page, tmp_path, window: str = "1280,2000") -> tuple[str, "object"]:
+    """(the DOM after scripts ran, a screenshot path) of the HTML file `page`."""
+    import subprocess
+
+    browse = [CHROMIUM, *HEADLESS, f"--user-data-dir={tmp_path / 'chromium-profile'}"]
+    dom = subprocess.run([*browse, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    shot = tmp_path / "shot.png"
+    run = subprocess.run([*browse, f"--window-size={window}", f"--screenshot={shot}", page.as_uri()],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
+    return dom.stdout, shot
+
+
+def ink(shot) -> tuple[float, int]:
+    """(share of pixels that are not near-white, distinct colours in a sample): a drawn page has both."""
+    from torchvision.io import ImageReadMode, read_image
+
+    pixels = read_image(str(shot), ImageReadMode.RGB).flatten(1)  # 3 x H*W
+    inked = (pixels < 235).any(0).float().mean().item()
+    colours = len(set(map(tuple, pixels[:, ::97].T.tolist())))
+    return inked, colours

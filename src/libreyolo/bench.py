@@ -75,12 +75,56 @@ def parse_arms(text: str) -> list[str]:
     return arms
 
 
-def prepare(user: dict[str, Any], workdir: Path) -> dict[str, Any]:
-    """Resolve config + model, save the initial weights and one real batch into `workdir`."""
+def inert_levers(arm: str, spec: Any, model: Any, device: Any) -> list[str]:
+    """Why the levers of `arm` would change nothing on `device` (empty when every one acts).
+
+    The precision rules and the graph manager's own checks decide, so this says exactly what
+    training would do: on a CPU, float16 and bfloat16 autocast and CUDA graphs fall back to
+    float32 eager, and such an arm times the same computation as `eager` (the issue saw
+    float16+graph '1.11x faster' than an identical arm, inside a 34-44 % run spread)."""
+    import torch
+
+    from .engine.graphs import unsupported_reason
+    from .engine.precision import bf16_native, resolve
+
+    delta, reasons = arm_delta(arm), []
+    if delta.get("amp"):
+        dtype = delta["amp_dtype"]
+        got = resolve(True, dtype, device.type, bf16_native(device)).dtype
+        if got is None:
+            reasons.append(f"{dtype} autocast needs a CUDA device")
+        elif got is not getattr(torch, dtype):
+            reasons.append(f"{dtype} is not native on this GPU (it would run as float16)")
+    if delta.get("cuda_graph"):
+        why = unsupported_reason(model, spec, device, distill=False)
+        if why:
+            reasons.append(why)
+    return reasons
+
+
+def refuse_inert_arms(arms: list[str], spec: Any, model: Any, device: Any) -> None:
+    """One ConfigError line naming every arm whose lever cannot act here, before any arm runs."""
+    from .errors import ConfigError
+
+    inert = {arm: inert_levers(arm, spec, model, device) for arm in arms}
+    inert = {arm: why for arm, why in inert.items() if why}
+    if not inert:
+        return
+    acting = ", ".join(a for a in ARMS if not inert_levers(a, spec, model, device))
+    listed = "; ".join(f"'{arm}' ({', '.join(why)})" for arm, why in inert.items())
+    raise ConfigError(f"bench arms whose lever cannot act on {device}: {listed}; they would time what another arm "
+                      f"times and report noise as a speed-up (arms that act on {device}: {acting})")
+
+
+def prepare(user: dict[str, Any], workdir: Path, arms: list[str] | None = None) -> dict[str, Any]:
+    """Resolve config + model, save the initial weights and one real batch into `workdir`.
+
+    With `arms`, first refuse those whose lever cannot act on the run's device (inert_levers)."""
     import torch
 
     from .config import build_config
     from .data import build_train_loader, load_data_config
+    from .engine.device import select_device
     from .model import LibreYOLO, check_batch, checking_inputs
 
     lib = LibreYOLO(user["model"])
@@ -88,6 +132,8 @@ def prepare(user: dict[str, Any], workdir: Path) -> dict[str, Any]:
     data_cfg = load_data_config(cfg.data)
     torch.manual_seed(cfg.seed)
     model = lib._build(len(data_cfg.names))
+    if arms:
+        refuse_inert_arms(arms, lib.source.spec, model, select_device(cfg.device))
     with checking_inputs():
         loader = build_train_loader(data_cfg, cfg)
         check_batch(cfg.batch, loader.num_images, data_cfg.name)  # else the timed batch would be smaller
@@ -248,7 +294,7 @@ def bench_step(user: dict[str, Any], arms: list[str], steps: int = 24, warmup: i
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory(prefix="libreyolo-bench-") as tmp:
         workdir = Path(tmp)
-        prepare(user, workdir)
+        prepare(user, workdir, arms)
         for r in range(repeat):
             for i, arm in enumerate(arms, 1):
                 # Progress on stderr: an arm is a fresh process (import, CUDA init, cuDNN

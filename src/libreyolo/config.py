@@ -90,9 +90,9 @@ class TrainConfig:
     iou: float = _key(0.7, "validation NMS IoU threshold", lo=0.0, hi=1.0, group="val", val=True)
     max_det: int = _key(300, "maximum detections per image", lo=1, group="val", val=True)
     # --- output --------------------------------------------------------------------------------
-    project: str = _key("runs/train", "parent directory of run directories", group="output", val=True)
-    name: str = _key("exp", "run directory name (exp, exp2, ... unless exist_ok)", group="output", val=True)
-    exist_ok: bool = _key(False, "reuse an existing run directory", group="output", val=True)
+    project: str = _key("runs/train", "parent directory of run directories", group="output")
+    name: str = _key("exp", "run directory name (exp, exp2, ... unless exist_ok)", group="output")
+    exist_ok: bool = _key(False, "reuse an existing run directory", group="output")
     resume: Union[bool, str] = _key(False, "resume: true (last run's last.pt of this project/name) or a path to last.pt", group="output")
     save_period: int = _key(-1, "also save epochN.pt every N epochs (-1 = off)", lo=-1, group="output")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from .config import config_table
 
-_GROUPS = {"model": "What to train", "train": "Loop", "data": "Data", "optim": "Optimisation",
-           "augment": "Augmentation", "speed": "Speed levers", "multi": "Multi-GPU training",
-           "val": "Validation", "output": "Output"}
+GROUPS = {"model": "What to train", "train": "Loop", "data": "Data", "optim": "Optimisation",
+          "augment": "Augmentation", "speed": "Speed levers", "multi": "Multi-GPU training",
+          "val": "Validation", "output": "Output"}
 
 PRECISION = """\
 ## Precision
@@ -45,7 +45,7 @@ def hyperparameters_markdown() -> str:
              "A model's family and size defaults override these base defaults (see the last section); "
              "your values override both.", ""]
     rows = config_table()
-    for group, title in _GROUPS.items():
+    for group, title in GROUPS.items():
         lines += [f"## {title}", "", "| key | default | type | meaning |", "|---|---|---|---|"]
         lines += [f"| `{r['key']}` | `{r['default']}` | {_cell(r['type'])} | {r['doc']} |" for r in rows if r["group"] == group]
         lines.append("")

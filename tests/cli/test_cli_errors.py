@@ -1,4 +1,7 @@
-"""Bad input at the command line: one line on stderr, exit code 2, no traceback, nothing written."""
+"""Bad input at the command line: one line on stderr, exit code 2, no traceback, nothing written;
+and what the command line shows about its keys (cfg, --help)."""
+
+import re
 
 import pytest
 
@@ -7,7 +10,7 @@ CASES = [
     (["train", "batch=abc"], "bad value for 'batch': 'abc' (allowed: int)"),
     (["train", "epochs"], "expected key=value, got 'epochs' (did you mean 'epochs=...'?)"),
     (["train", "amp=maybe"], "bad value for 'amp': 'maybe' (allowed: bool)"),
-    (["train", "optimizer=adam"], "bad value for 'optimizer': 'adam' (allowed: sgd|adamw)"),
+    (["train", "optimizer=adam"], "bad value for 'optimizer': 'adam' (allowed: auto|sgd|adamw)"),
     (["train", "mosaic=1.5"], "bad value for 'mosaic': 1.5 (allowed: float in [0.0, 1.0])"),
     (["train", "epochs=0"], "bad value for 'epochs': 0 (allowed: int in [1, 100000])"),
     (["train", "batch=2", "batch=4"], "key 'batch' given twice"),
@@ -72,9 +75,35 @@ def test_cfg_lists_every_key(cli):
 
     result = cli("cfg")
     assert result.returncode == 0
-    keys = [line.split()[0] for line in result.stdout.splitlines()]
-    assert keys == list(FIELDS)
-    assert any(line.split()[:3] == ["epochs", "100", "int"] for line in result.stdout.splitlines())
+    header, *lines = result.stdout.splitlines()
+    assert header.split() == ["key", "default", "type", "meaning"]  # the columns are named
+    assert [line.split()[0] for line in lines] == list(FIELDS)
+    assert any(line.split()[:3] == ["epochs", "100", "int"] for line in lines)
+    assert cli("cfg", "model=yolox-t").stdout.splitlines()[0].split() == ["key", "default", "type", "source",
+                                                                          "meaning"]
+
+
+def test_train_help_shows_the_key_groups_the_most_used_keys_and_json(cli):
+    from libreyolo.config import FIELDS
+
+    text = cli("train", "--help").stdout
+    assert "--json" in text and "Most used keys" in text
+    assert any(line.split()[:2] == ["epochs=", "100"] for line in text.splitlines())
+    assert any(line.split()[:2] == ["imgsz=", "640"] for line in text.splitlines())
+    for title in ("what to train:", "loop:", "optimisation:", "augmentation:", "speed levers:", "validation:",
+                  "output:"):
+        assert title in text
+    words = set(text.replace(":", " ").split())
+    assert set(FIELDS) <= words  # every key is listed under its group
+
+
+def test_val_help_lists_every_key_it_accepts(cli):
+    from libreyolo.config import VAL_KEYS
+
+    text = cli("val", "--help").stdout
+    shown = [line.split()[0][:-1] for line in text.splitlines() if re.match(r"\s+[a-z_]+=\s", line)]
+    assert shown == list(VAL_KEYS) and "--json" in text and "ckpt*" in text
+    assert {"project", "name", "exist_ok"}.isdisjoint(VAL_KEYS)  # val writes no run directory
 
 
 def test_cfg_json_parses(cli):

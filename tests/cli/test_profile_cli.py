@@ -25,6 +25,8 @@ def test_profile_run_writes_four_files_and_a_copy_reads_back(cli, tmp_path):
     for name in ("profile.json", "profile_summary.json", "profile_trace.json", "timeline.html"):
         assert (run / name).is_file(), name
     assert "verdict: compute-bound" in result.stdout and "lever:" in result.stdout
+    assert "USDT" not in result.stdout + result.stderr  # torch's profiler_start/stop markers stay out
+    assert result.stdout.strip().endswith(f"artifacts in {os.path.join('runs', 'profile', 'prof')}")
     args = (run / "args.yaml").read_text()
     assert "model: yolo9-t" in args and "no_aug_epochs: 0" in args and "profile: true" in args and "val: false" in args
     profile = json.loads((run / "profile.json").read_text())
@@ -42,6 +44,8 @@ def test_profile_run_writes_four_files_and_a_copy_reads_back(cli, tmp_path):
     assert kernels == profile["kernels"]["rows"][:3]
     text = _ok(cli("profile", "summary", str(elsewhere))).stdout
     assert "verdict: compute-bound" in text and "utilisation" in text
+    # A copy says where it was read from; the recorded run_dir is relative to the run's directory.
+    assert text.strip().endswith(f"read from {elsewhere}; the run wrote its artifacts in runs/profile/prof")
     assert "forward" in _ok(cli("profile", "phases", str(elsewhere))).stdout
     assert "top 3" in _ok(cli("profile", "kernels", str(elsewhere), "--top", "3")).stdout
 
@@ -77,6 +81,13 @@ def test_profile_repeat_trials_and_numbered_runs(cli, tmp_path):
         assert json.loads((parent / f"prof_{i}" / "profile_summary.json").read_text())["verdict"] == rep["verdicts"][i - 1]
     text = _ok(cli("profile", "summary", str(parent / "prof_1"))).stdout
     assert f"verdict: {rep['verdicts'][0]}" in text
+    # The --repeat run's directory and its profile_repeat.json (where the run points the user).
+    for path in (parent, parent / "profile_repeat.json"):
+        assert json.loads(_ok(cli("profile", "summary", str(path), "--json")).stdout) == rep
+        text = _ok(cli("profile", "summary", str(path))).stdout
+        assert "profile over 2 trials" in text and f"verdict: {rep['verdict']} ({rep['verdict_count']} of 2" in text
+    phases = cli("profile", "phases", str(parent))
+    assert phases.returncode == 2 and "holds the trials of a --repeat run" in phases.stderr, phases.stderr
 
 
 def test_bad_profiles_and_arguments_are_one_line_errors(cli, tmp_path):

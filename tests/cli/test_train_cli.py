@@ -35,11 +35,28 @@ def test_train_two_epochs_then_val(cli, tmp_path):
     assert 0.0 <= float(rows[-1]["map50_95"]) <= 1.0
     assert set(out["metrics"]) >= {"map50_95", "map50"}
 
-    val = cli("val", f"model={out['best']}", "data=shapes", "imgsz=128", "batch=8", "device=cpu", "workers=0", "--json")
+    # Without a terminal: plain lines, an epoch's own line once it ends (a slow epoch also prints
+    # progress lines, `epoch 1/2  8/32 steps (25%) ...`).
+    assert "\x1b[" not in result.stderr
+    ends = [ln.split("  ")[0] for ln in result.stderr.splitlines() if ln.startswith("epoch ") and " steps (" not in ln]
+    assert ends == ["epoch 1/2", "epoch 2/2"]
+    assert (run_dir / "results.html").is_file()
+
+    # The checkpoint was trained at 128 px on shapes: val takes both from it, and says so.
+    val = cli("val", f"model={out['best']}", "batch=8", "device=cpu", "workers=0", "--json")
     assert val.returncode == 0, val.stderr
     metrics = json.loads(val.stdout)
-    assert metrics["num_images"] == 32
+    assert (metrics["imgsz"], metrics["data"], metrics["num_images"]) == (128, "shapes", 32)
+    assert ("imgsz 128 (from the checkpoint's training arguments), data shapes (from the checkpoint's "
+            "training arguments)") in val.stderr
     assert metrics["map50_95"] == pytest.approx(out["metrics"]["map50_95"], abs=1e-6)
+    rows = metrics["per_class"]
+    assert len(rows) == 10 and sum(r["instances"] for r in rows) == 506 and "curves" not in metrics
+    table = [ln.split() for ln in val.stderr.splitlines()]
+    assert ["class", "images", "instances", "P", "R", "mAP50", "mAP50-95"] in table
+    assert any(ln[:3] == ["all", "32", "506"] for ln in table)
+    at64 = cli("val", f"model={out['best']}", "imgsz=64", "batch=8", "device=cpu", "workers=0")
+    assert at64.returncode == 0 and "imgsz 64 (as given)" in at64.stderr, at64.stderr
 
     # A second run gets a fresh directory.
     again = cli("train", *FAST, "epochs=1", "val=false")
@@ -99,20 +116,16 @@ def test_python_api(tmp_path, monkeypatch):
 
 def test_bench_step_cpu(cli):
     result = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "amp=false",
-                 "--steps", "3", "--warmup", "1", "arms=eager,fp32+graph", "--json")
+                 "--steps", "3", "--warmup", "1", "arms=eager,nchw", "--json")
     assert result.returncode == 0, result.stderr
     records = json.loads(result.stdout)
-    assert [r["arm"] for r in records] == ["eager", "fp32+graph"]
-    # Graphs need CUDA: on a CPU the graph arm trains eager and its record says why.
-    assert records[0]["graph"]["enabled"] is False and records[0]["graph"]["fallback_reason"] is None
-    assert "CUDA device" in records[1]["graph"]["fallback_reason"]
-    assert records[1]["graph"]["replayed_steps"] == 0
+    assert [r["arm"] for r in records] == ["eager", "nchw"]
     for r in records:
         assert r["step_ms_min"] <= r["step_ms_median"]
         assert r["kernel_busy_ms"] is None and r["utilisation"] is None  # no CUDA here
         assert set(r["synced_ms"]) == {"h2d", "forward", "loss", "backward", "optimizer+ema"}
         assert 0 < r["network_share"] < 1
-        assert r["precision"] == "float32"
+        assert r["precision"] == "float32" and r["graph"]["enabled"] is False
     table = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "--steps", "2", "--warmup", "1",
                 "--repeat", "2")
     assert table.returncode == 0, table.stderr
@@ -121,6 +134,14 @@ def test_bench_step_cpu(cli):
     for arms in ("turbo", "float16+turbo"):
         bad = cli("bench", "step", "model=yolo9-t", f"arms={arms}")
         assert bad.returncode == 2 and f"unknown arm '{arms}'" in bad.stderr
+    # On a CPU, float16/bfloat16 autocast and CUDA graphs would run float32 eager: refused, one line,
+    # before any arm runs.
+    inert = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu",
+                "arms=eager,float16+graph,bfloat16+graph")
+    assert inert.returncode == 2 and not inert.stdout and len(inert.stderr.strip().splitlines()) == 1, inert.stderr
+    assert inert.stderr.startswith("error: bench arms whose lever cannot act on cpu: 'float16+graph' (float16 "
+                                   "autocast needs a CUDA device, CUDA graphs need a CUDA device (training on cpu))")
+    assert "arms that act on cpu: eager, fp32, nchw, nhwc" in inert.stderr
 
 
 @pytest.mark.parametrize("model", ["yolox-n", "rtmdet-t"])

@@ -28,7 +28,7 @@ def test_repeats_interleave_arms_and_report_the_median_run(monkeypatch, tmp_path
         order.append(arm)
         return _record(arm, next(medians), run=len(order))
 
-    monkeypatch.setattr(bench, "prepare", lambda user, workdir: {})
+    monkeypatch.setattr(bench, "prepare", lambda user, workdir, arms=None: {})
     monkeypatch.setattr(bench, "_run_arm_process", fake_run)
     eager, graph = bench.bench_step({"model": "yolo9-t"}, ["eager", "graph"], repeat=3)
     assert order == ["eager", "graph"] * 3
@@ -41,8 +41,32 @@ def test_repeats_interleave_arms_and_report_the_median_run(monkeypatch, tmp_path
 
 
 def test_one_run_per_arm_keeps_the_plain_table(monkeypatch):
-    monkeypatch.setattr(bench, "prepare", lambda user, workdir: {})
+    monkeypatch.setattr(bench, "prepare", lambda user, workdir, arms=None: {})
     monkeypatch.setattr(bench, "_run_arm_process", lambda workdir, arm, steps, warmup: _record(arm, 20.0))
     [only] = bench.bench_step({"model": "yolo9-t"}, ["fp32"])
     assert only["runs_ms"] == [20.0] and only["spread"] == 0.0 and only["speedup"] == 1.0
     assert "run spread" not in bench.format_table([only])
+
+
+def test_levers_that_cannot_act_on_the_device_are_named(monkeypatch):
+    import torch
+
+    from libreyolo.engine import precision
+    from libreyolo.families import get_family
+
+    spec, cpu = get_family("yolo9"), torch.device("cpu")
+    assert bench.inert_levers("eager", spec, None, cpu) == [] and bench.inert_levers("fp32+nchw", spec, None, cpu) == []
+    assert bench.inert_levers("bfloat16+graph", spec, None, cpu) == [
+        "bfloat16 autocast needs a CUDA device", "CUDA graphs need a CUDA device (training on cpu)"]
+    with pytest.raises(ConfigError) as err:
+        bench.refuse_inert_arms(["eager", "float16", "fp32+graph"], spec, None, cpu)
+    assert str(err.value) == (
+        "bench arms whose lever cannot act on cpu: 'float16' (float16 autocast needs a CUDA device); 'fp32+graph' "
+        "(CUDA graphs need a CUDA device (training on cpu)); they would time what another arm times and report "
+        "noise as a speed-up (arms that act on cpu: eager, fp32, nchw, nhwc)")
+    # A GPU without native bfloat16 would run the bfloat16 arm as float16: not a bfloat16 figure.
+    monkeypatch.setattr(precision, "bf16_native", lambda device: False)
+    gpu = torch.device("cuda", 0)
+    assert bench.inert_levers("bfloat16", spec, None, gpu) == ["bfloat16 is not native on this GPU (it would run "
+                                                               "as float16)"]
+    assert bench.inert_levers("float16+graph", spec, None, gpu) == []

@@ -136,7 +136,10 @@ def test_no_ground_truth_gives_zeros():
     preds[:, :, :4] = torch.tensor([0.0, 0.0, 20.0, 20.0])
     preds[:, :, 4] = 0.9
     result = evaluate(ReplayModel([preds]), batches, "cpu")
-    assert result == {"map50_95": 0.0, "map50": 0.0, "num_images": 2, "num_dets": 2}
+    assert {k: result[k] for k in ("map50_95", "map50", "num_images", "num_dets")} == {
+        "map50_95": 0.0, "map50": 0.0, "num_images": 2, "num_dets": 2}
+    assert result["precision"] == result["recall"] == 0.0 and result["per_class"][0]["instances"] == 0
+    assert result["curves"]["confusion"]["matrix"] == [[0, 2], [0, 0]]  # two detections of nothing
 
 
 def test_no_detections_gives_zero_map():

@@ -197,3 +197,17 @@ def test_build_prefers_ema_weights(tmp_path, cache):
     _make_checkpoint(path, ema=ema)
     state = LibreYOLO(str(path))._build(len(NAMES)).state_dict()
     assert torch.equal(state[STEM], ema[STEM])
+
+
+def test_inference_args_prefer_the_user_then_the_checkpoints_training_arguments():
+    from libreyolo.model import ModelSource, inference_args
+
+    spec = get_family("yolo9")
+    trained = ModelSource(spec, "t", {"config": {"imgsz": 128, "data": "shapes"}}, None)
+    assert inference_args(trained, {}) == ({"imgsz": 128, "data": "shapes"},
+                                           {"imgsz": "checkpoint", "data": "checkpoint"})
+    assert inference_args(trained, {"imgsz": 320}) == ({"data": "shapes"}, {"imgsz": "given", "data": "checkpoint"})
+    scratch = ModelSource(spec, "t", None, None)  # an architecture name: nothing to take
+    assert inference_args(scratch, {"data": "coco128"}) == ({}, {"imgsz": "default", "data": "given"})
+    old = ModelSource(spec, "t", {"names": ["a"]}, None)  # a checkpoint without its config
+    assert inference_args(old, {}) == ({}, {"imgsz": "default", "data": "default"})

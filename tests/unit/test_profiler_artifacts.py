@@ -3,11 +3,9 @@
 import copy
 import io
 import json
-import shutil
-import subprocess
 
 import pytest
-from testkit import KERNEL, make_profile
+from testkit import CHROMIUM, KERNEL, NEEDS_CHROMIUM, chromium_render, ink, make_profile
 
 from libreyolo.errors import ProfileFormatError
 from libreyolo.profiler import artifacts
@@ -143,35 +141,19 @@ def test_timeline_is_self_contained_and_escapes_names():
     assert "cuda_graph=True" in page
 
 
-CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-# Chromium with every background connection off: the page must draw from what it embeds.
-HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--disable-quic", "--virtual-time-budget=20000"]
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (.ci/run installs Debian's package)")
+@pytest.mark.skipif(CHROMIUM is None, reason=NEEDS_CHROMIUM)
 def test_timeline_renders_in_headless_chromium(tmp_path):
-    from torchvision.io import ImageReadMode, read_image
-
     profile = make_profile()
     gantt = [{"row": "stream 7", "name": KERNEL, "start_ms": 0.0, "dur_ms": 0.5},
              {"row": "phases", "name": "forward", "start_ms": 0.0, "dur_ms": 6.0}]
     page = tmp_path / "timeline.html"
     html = render(profile, gantt)
     page.write_text(html)
-    browse = [CHROMIUM, *HEADLESS, f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*browse, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
-    assert dom.returncode == 0, dom.stderr[-2000:]
+    dom, shot = chromium_render(page, tmp_path)
     # plotly drew every figure from the inlined script (no network), and the verdict banner is there
-    assert dom.stdout.count('class="main-svg"') >= html.count("Plotly.newPlot") >= 1
-    assert "launch-bound" in dom.stdout
-    shot = tmp_path / "shot.png"
-    run = subprocess.run([*browse, "--window-size=1280,2000", f"--screenshot={shot}", page.as_uri()],
-                         capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
-    pixels = read_image(str(shot), ImageReadMode.RGB).flatten(1)  # 3 x H*W
-    inked = (pixels < 235).any(0).float().mean().item()  # anything not (near) white
-    colours = len(set(map(tuple, pixels[:, ::97].T.tolist())))
+    assert dom.count('class="main-svg"') >= html.count("Plotly.newPlot") >= 1
+    assert "launch-bound" in dom
+    inked, colours = ink(shot)
     assert inked > 0.05 and colours > 20, (inked, colours)
 
 
@@ -220,3 +202,47 @@ def test_repeat_aggregate_and_report():
     lines = out.getvalue().splitlines()
     assert ["step_ms_mean", "17", "1", "16,", "18,", "17"] in [line.split() for line in lines]
     assert "verdict: launch-bound (2 of 3 trials)" in lines
+
+
+@pytest.mark.parametrize("overhead, expected", [
+    ({"fraction": None, "note": "needs profile_skip >= 3"}, "profiler overhead on measured steps: n/a (needs profile_skip >= 3)"),
+    ({"fraction": -0.857, "reference_ms": [70.0, 100.0, 130.0], "profiled_ms": [14.3, 14.3]},
+     "profiler overhead on measured steps: -85.7% (median of 2 profiled against 3 unprofiled steps, which spread 60%); "
+     "negative: profiling cannot speed a step up, so the unprofiled steps were slower (warm-up, a busy machine); "
+     "read it as no measurable overhead; profile_skip=7 or more gives a steadier figure"),
+    ({"fraction": 0.162, "reference_ms": [10.0, 9.0, 11.0, 10.0, 12.0, 8.0], "profiled_ms": [11.6] * 4},
+     "profiler overhead on measured steps: +16.2% (median of 4 profiled against 6 unprofiled steps, which spread 40%); "
+     "within the unprofiled steps' own spread"),
+    ({"fraction": 4.17, "reference_ms": [10.0] * 6, "profiled_ms": [51.7] * 9},
+     "profiler overhead on measured steps: +417.0% (median of 9 profiled against 6 unprofiled steps, which spread 0%)"),
+])
+def test_the_overhead_says_what_it_rests_on(overhead, expected):
+    from libreyolo.profiler.report import overhead_line
+
+    assert overhead_line(overhead) == expected
+
+
+def test_a_copy_says_where_it_was_read_from(tmp_path):
+    from libreyolo.profiler.report import where_line
+
+    profile = make_profile()  # recorded run_dir: runs/profile/prof
+    assert where_line(profile) == "artifacts in runs/profile/prof"
+    assert where_line(profile, tmp_path) == f"read from {tmp_path}; the run wrote its artifacts in runs/profile/prof"
+
+
+def test_summary_reads_a_repeat_aggregate_and_refuses_a_damaged_one(tmp_path):
+    a = artifacts.summary(make_profile())
+    rep = aggregate([a, {**a, "step_ms_mean": 18.0}], ["p/prof_1", "p/prof_2"])
+    artifacts.write_json_atomic(tmp_path / artifacts.REPEAT_FILE, rep)
+    assert artifacts.load_for_summary(tmp_path) == ("repeat", rep)
+    (tmp_path / "copy.json").write_text(json.dumps(rep))  # found by its schema, whatever its name
+    assert artifacts.load_for_summary(tmp_path / "copy.json") == ("repeat", rep)
+    with pytest.raises(ProfileFormatError, match="holds the trials of a --repeat run"):
+        artifacts.load_profile(tmp_path)
+    with pytest.raises(ProfileFormatError, match="is the aggregate of a --repeat run"):
+        artifacts.load_profile(tmp_path / "copy.json")
+    bad = copy.deepcopy(rep)
+    bad["figures"]["step_ms_mean"]["values"] = ["fast", 18.0]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ProfileFormatError, match=r"figures.step_ms_mean.values\[0\] is \"fast\", not a number"):
+        artifacts.load_for_summary(tmp_path / "bad.json")

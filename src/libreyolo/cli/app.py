@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import typer
 
 from .. import __version__
 from ..errors import ConfigError, LibreYOLOError
+from ..logs import setup_logging
 
 EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 
@@ -75,56 +75,64 @@ def _rank() -> int:
         return 0
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to sys.stderr as it is when a line is logged, not as it was when the handler was
-    made: the CLI run in-process (tests, notebooks) sees its log lines where its errors go."""
-
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:  # StreamHandler.__init__ and setStream assign it
-        pass
+# The keys `train --help` shows with their defaults: what most runs set (`libreyolo cfg` lists all).
+MOST_USED = ("model", "data", "epochs", "batch", "imgsz", "device", "workers", "amp", "amp_dtype", "cuda_graph",
+             "resume", "project", "name")
 
 
-def setup_logging() -> None:
-    logger = logging.getLogger("libreyolo")
-    if not logger.handlers:
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
+def keys_help(keys, defaults: dict | None = None) -> str:
+    """A help paragraph, one `key=  default  meaning` line per key, kept as laid out (Click's
+    `\\b` marker stops it rewrapping the paragraph)."""
+    from ..config import FIELDS, show_value
+
+    shown = {k: (defaults or {}).get(k, show_value(FIELDS[k].default)) for k in keys}
+    kw, dw = max(len(k) for k in keys) + 1, max(len(v) for v in shown.values())
+    return "\n".join(["\b"] + [f"  {k + '=':<{kw}}  {shown[k]:<{dw}}  {FIELDS[k].metadata['doc']}" for k in keys])
 
 
-@app.command(context_settings=EXTRA)
+def groups_help(width: int = 100) -> str:
+    """Every key, by the groups of docs/hyperparameters.md, names only."""
+    import textwrap
+
+    from ..config import FIELDS
+    from ..docs import GROUPS
+
+    lines = ["\b"]
+    for group, title in GROUPS.items():
+        keys = " ".join(k for k, f in FIELDS.items() if f.metadata["group"] == group)
+        lines += textwrap.wrap(keys, width, initial_indent=f"  {title.lower() + ':':<15}", subsequent_indent=" " * 17)
+    return "\n".join(lines)
+
+
+TRAIN_HELP = f"""Train a detector: libreyolo train model=yolo9-t data=shapes epochs=10 [key=value ...]
+
+Every key of `libreyolo cfg` can be set as key=value (or --key value). model= takes an
+architecture (yolo9-t), an official weights name (LibreYOLO9s.pt) or a checkpoint file;
+data= a built-in dataset (shapes, coco128) or a dataset yaml. resume=true continues the
+newest run's last.pt; resume=path/last.pt a given one. Progress and logs go to stderr (a live
+bar on a terminal, plain lines in a log); the best checkpoint's path goes to stdout when done.
+
+Most used keys (key=, default, meaning):
+
+{keys_help(MOST_USED)}
+
+Every key by group (`libreyolo cfg` prints each with its default, type and meaning; a model's
+own defaults: `libreyolo cfg model=yolox-t`):
+
+{groups_help()}
+"""
+
+
+@app.command(context_settings=EXTRA, help=TRAIN_HELP)
 @user_errors
-def train(ctx: typer.Context) -> None:
-    """Train a detector: libreyolo train model=yolo9-t data=shapes epochs=10 [key=value ...]
-
-    Every key of `libreyolo cfg` can be set as key=value (or --key value). model= takes an
-    architecture (yolo9-t), an official weights name (LibreYOLO9s.pt) or a checkpoint file;
-    data= a built-in dataset (shapes, coco128) or a dataset yaml. resume=true continues the
-    newest run's last.pt; resume=path/last.pt a given one. Prints the best checkpoint's path on
-    stdout when done (--json: one JSON object with run_dir, best, metrics and timings).
-    """
+def train(ctx: typer.Context,
+          as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout when done: run_dir, "
+                                                             "best, metrics and timings.")) -> None:
     from .grammar import parse_overrides
+    from .precheck import check_inputs
 
     setup_logging()
-    tokens = [t for t in ctx.args if t != "--json"]
-    as_json = len(tokens) != len(ctx.args)
-    args = parse_overrides(tokens)  # before importing torch: a typo answers instantly
-    from ..engine.distributed import launch_for_devices
-    from ..model import LibreYOLO
-
-    code = launch_for_devices(args.get("device"), ctx.args)  # device=0,1: one process per GPU, under torchrun
-    if code is not None:
-        raise typer.Exit(code)
-
+    args = parse_overrides(ctx.args)  # before importing torch: a typo answers instantly
     model = args.pop("model", None)
     resume = args.get("resume")
     if model is None and isinstance(resume, str) and resume not in ("", "false"):
@@ -132,6 +140,14 @@ def train(ctx: typer.Context) -> None:
     if model is None:
         raise LibreYOLOError("no model given: pass model=yolo9-t (architecture), model=LibreYOLO9s.pt or "
                              "model=path/to/last.pt")
+    check_inputs(args, model)  # so is a missing file
+    from ..engine.distributed import launch_for_devices
+    from ..model import LibreYOLO
+
+    # device=0,1: this command again as one process per GPU, under torch's elastic launcher.
+    code = launch_for_devices(args.get("device"), [*ctx.args, *(["--json"] if as_json else [])])
+    if code is not None:
+        raise typer.Exit(code)
     result = LibreYOLO(model).train(**args)
     if _rank():
         return  # rank 0 prints the result
@@ -142,29 +158,43 @@ def train(ctx: typer.Context) -> None:
                            "metrics": result.metrics, "timings": result.timings}) if as_json else str(result.best))
 
 
-@app.command(context_settings=EXTRA)
-@user_errors
-def val(ctx: typer.Context) -> None:
-    """Validate a model: libreyolo val model=runs/train/exp/weights/best.pt data=shapes [--json]
+def _val_help() -> str:
+    from ..config import VAL_KEYS
 
-    Keys: model, data, batch, imgsz, device, workers, conf, iou, max_det, amp, amp_dtype.
-    Prints mAP50-95 and mAP50; --json prints one JSON object on stdout for pipelines.
-    """
+    return f"""Validate a model: libreyolo val model=runs/train/exp/weights/best.pt [data=shapes] [--json]
+
+Prints a per-class table (images, instances, P, R, mAP50, mAP50-95) on stderr and mAP50-95 and
+mAP50 on stdout. A checkpoint validates at the image size it was trained at, on its training
+dataset, unless imgsz= or data= say otherwise; a log line says which size and dataset it used.
+
+Keys (key=, default, meaning):
+
+{keys_help(VAL_KEYS, {"data": "ckpt*", "imgsz": "ckpt*|640"})}
+
+* the value the checkpoint was trained with; an architecture name has none (imgsz is then 640).
+"""
+
+
+@app.command(context_settings=EXTRA, help=_val_help())
+@user_errors
+def val(ctx: typer.Context,
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: the metrics, per_class "
+                                                           "rows, and the imgsz and data used.")) -> None:
     from ..config import VAL_KEYS
     from .grammar import parse_overrides
+    from .precheck import check_inputs
 
     setup_logging()
-    tokens = [t for t in ctx.args if t != "--json"]
-    as_json = len(tokens) != len(ctx.args)
-    args = parse_overrides(tokens, allowed=VAL_KEYS)
-    from ..model import LibreYOLO
-
+    args = parse_overrides(ctx.args, allowed=VAL_KEYS)
     model = args.pop("model", None)
     if model is None:
         raise LibreYOLOError("no model given: pass model=path/to/best.pt (or an architecture name)")
+    check_inputs(args, model)  # before importing torch: a missing file answers instantly
+    from ..model import LibreYOLO
+
     metrics = LibreYOLO(model).val(**args)
     if as_json:
-        typer.echo(json.dumps(metrics))
+        typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "curves"}))  # curves: results.html
     else:
         typer.echo(f"mAP50-95 {metrics['map50_95']:.4f}  mAP50 {metrics['map50']:.4f}  "
                    f"({metrics['num_images']} images)")
@@ -178,10 +208,11 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
         as_json: bool = typer.Option(False, "--json", help="One JSON list of {key, default, type, group, doc} "
                                                            "(and source, with a model)."),
         markdown: bool = typer.Option(False, "--markdown", help="The docs/hyperparameters.md tables.")) -> None:
-    """Print every training key with its default, type and one-line doc.
+    """Print every training key with its default, type and meaning, under a header row.
 
-    With a model, the defaults are the ones that model trains with, and a column says where each
-    comes from: base, the family's published recipe (e.g. yolox) or its size's (e.g. yolox-t)."""
+    With a model, the defaults are the ones that model trains with, and a `source` column says
+    where each comes from: base, the family's published recipe (e.g. yolox) or its size's (e.g.
+    yolox-t)."""
     from ..config import config_table
 
     sources = None
@@ -201,9 +232,11 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
 
         typer.echo(hyperparameters_markdown(), nl=False)
         return
+    # A header row names the columns; `source` is where a model's default comes from.
     columns = ("key", "default", "type") + (("source",) if sources is not None else ())
-    width = {c: max(len(r[c]) for r in rows) for c in columns}
-    for r in rows:
+    header = {**{c: c for c in columns}, "doc": "meaning"}
+    width = {c: max(len(r[c]) for r in [header, *rows]) for c in columns}
+    for r in [header, *rows]:
         typer.echo("  ".join(f"{r[c]:<{width[c]}}" for c in columns) + f"  {r['doc']}")
 
 

@@ -15,8 +15,10 @@ bench_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_
 @bench_app.command(context_settings=EXTRA)
 @user_errors
 def step(ctx: typer.Context,
-         arms: str = typer.Option("eager", help="Comma-separated arms: eager, fp32, float16, bfloat16, graph; "
-                                                 "combine with '+', e.g. float16,float16+graph."),
+         arms: str = typer.Option("eager", help="Comma-separated arms: eager, fp32, float16, bfloat16, graph, nchw, "
+                                                 "nhwc; combine with '+', e.g. float16,float16+graph. An arm whose "
+                                                 "lever cannot act on the device (float16, bfloat16 or graph on a "
+                                                 "CPU) is refused before any arm runs."),
          steps: int = typer.Option(24, min=2, help="Timed steps per arm."),
          warmup: int = typer.Option(10, min=1, help="Warm-up steps per arm before timing."),
          repeat: int = typer.Option(1, min=1, help="Processes per arm, arms interleaved; the median run is "
@@ -31,6 +33,7 @@ def step(ctx: typer.Context,
     """
     from ..bench import bench_step, format_table, parse_arms
     from .grammar import parse_overrides
+    from .precheck import check_inputs
 
     setup_logging()
     # arms=... is accepted in the key=value style too.
@@ -43,5 +46,6 @@ def step(ctx: typer.Context,
         from ..errors import ConfigError
 
         raise ConfigError("no model given: pass model=yolo9-t (or a checkpoint)")
+    check_inputs(user)  # before the bench imports torch: a missing file answers instantly
     results = bench_step(user, parse_arms(arms), steps=steps, warmup=warmup, repeat=repeat)
     typer.echo(json.dumps(results, indent=1) if as_json else format_table(results))

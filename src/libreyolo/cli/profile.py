@@ -84,6 +84,7 @@ def run(ctx: typer.Context,
     from ..config import FIELDS
     from ..errors import ConfigError
     from .grammar import parse_overrides
+    from .precheck import check_data, check_model
 
     setup_logging()
     if "=" in data and data.split("=", 1)[0] in FIELDS:
@@ -92,6 +93,8 @@ def run(ctx: typer.Context,
     for key, instead in RESERVED.items():
         if key in overrides:
             raise ConfigError(f"'{key}' cannot be set for profile run: {instead}")
+    check_model(weights)  # before resolve_weights imports torch: a missing file answers instantly
+    check_data(data)
     model = resolve_weights(weights, size)
     from ..profiler.artifacts import load_profile, summary
     from ..profiler.repeat import run_once, run_trials
@@ -103,7 +106,7 @@ def run(ctx: typer.Context,
         if as_json:
             typer.echo(json.dumps({"run_dir": str(run_dir), **summary(profile)}, indent=1))
         else:
-            print_report(profile, file=sys.stdout)
+            print_report(profile, file=sys.stdout, read_from=run_dir)
         return
     parent, rep = run_trials(model, data, overrides, repeat)
     if as_json:
@@ -115,18 +118,24 @@ def run(ctx: typer.Context,
 
 @profile_app.command("summary")
 @user_errors
-def summary_cmd(path: str = typer.Argument(..., metavar="PATH", help="profile.json, or the run directory holding it."),
+def summary_cmd(path: str = typer.Argument(..., metavar="PATH", help="profile.json or the run directory holding it; "
+                                                                   "or a --repeat run's directory or profile_repeat.json."),
                 as_json: bool = typer.Option(False, "--json", help="The headline figures as JSON "
                                                                    "(same keys as profile_summary.json).")) -> None:
-    """Headline figures and the verdict of a profile."""
-    from ..profiler.artifacts import load_profile, summary
-    from ..profiler.report import print_report
+    """Headline figures and the verdict of a profile, or of a --repeat run (its directory or its
+    profile_repeat.json): mean ± std of each figure over the trials, and each trial's verdict."""
+    from ..profiler.artifacts import load_for_summary, profile_path, summary
+    from ..profiler.report import print_repeat, print_report
 
-    profile = load_profile(path)
-    if as_json:
-        typer.echo(json.dumps(summary(profile), indent=1))
+    kind, data = load_for_summary(path)
+    if kind == "repeat" and as_json:
+        typer.echo(json.dumps(data, indent=1))
+    elif kind == "repeat":
+        print_repeat(data, file=sys.stdout)
+    elif as_json:
+        typer.echo(json.dumps(summary(data), indent=1))
     else:
-        print_report(profile, file=sys.stdout, sections=("headline", "verdict"))
+        print_report(data, file=sys.stdout, sections=("headline", "verdict"), read_from=profile_path(path).parent)
 
 
 @profile_app.command()

@@ -42,34 +42,63 @@ class Hook:
 
 
 class ProgressHook(Hook):
-    """A rich progress bar per epoch (loss items, img/s, GPU memory) on a TTY; one line per epoch otherwise."""
+    """Each epoch's progress on stderr: a live bar on a terminal, plain lines in a log (CI, pipes).
 
-    def __init__(self, stream=None):
-        self.console = Console(file=stream or sys.stderr)
-        self.live = self.console.is_terminal
+    Both show the steps, img/s, the loss items (the epoch's means so far), GPU memory on CUDA and
+    the time left in the epoch, from the figures of the last loss read-back (`trainer.last_log`,
+    once per `log_interval` steps): the hook reads nothing from the device itself. The bar
+    advances every step (host counters only); its text changes at the read-backs. In a log, a
+    read-back prints a line once a tenth of the epoch or a minute has passed since the last line,
+    never sooner than 5 s after it; every epoch then ends with its own line.
+    """
+
+    PLAIN_MIN_S = 5.0       # never more than a line per 5 s in a log ...
+    PLAIN_MAX_S = 60.0      # ... at least one a minute while read-backs come ...
+    PLAIN_FRACTION = 0.1    # ... and otherwise one per tenth of the epoch
+
+    def __init__(self, stream=None, clock=time.perf_counter):
+        self.console = Console(file=stream or sys.stderr, highlight=False)
+        self.live = self.console.is_terminal and not self.console.is_dumb_terminal
+        self.clock = clock
         self.progress: Progress | None = None
         self._task = None
         self._shown_log = None
 
     def before_epoch(self, trainer: Trainer) -> None:
-        self._t0 = time.perf_counter()
+        self._t0 = self._last_line = self.clock()
+        self._last_line_step = 0
+        self._shown_log = trainer.last_log  # the previous epoch's figures are not this epoch's
         if not self.live:
             return
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=30),
                                  TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
-                                 TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False)
+                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                 console=self.console, transient=False)
         self.progress.start()
-        self._task = self.progress.add_task(f"epoch {trainer.epoch + 1}/{trainer.cfg.epochs}",
-                                            total=trainer.steps_per_epoch, info="")
+        self._task = self.progress.add_task(_epoch_name(trainer), total=trainer.steps_per_epoch, info="")
 
     def after_step(self, trainer: Trainer) -> None:
-        if self.progress is None:
-            return
-        info = None
-        if trainer.last_log is not self._shown_log:  # refresh text only when new figures exist
+        fresh = trainer.last_log is not self._shown_log  # a read-back just happened
+        if fresh:
             self._shown_log = trainer.last_log
-            info = _format_log(trainer)
-        self.progress.update(self._task, advance=1, **({"info": info} if info is not None else {}))
+        if self.progress is not None:
+            info = {"info": _format_log(trainer, metrics=False)} if fresh else {}
+            self.progress.update(self._task, advance=1, **info)
+        elif fresh:
+            self._maybe_line(trainer)
+
+    def _maybe_line(self, trainer: Trainer) -> None:
+        now, done, total = self.clock(), trainer.batch_index + 1, trainer.steps_per_epoch
+        since = now - self._last_line
+        if done >= total or since < self.PLAIN_MIN_S:
+            return  # the epoch line follows at once / too soon after the last line
+        if since < self.PLAIN_MAX_S and done - self._last_line_step < self.PLAIN_FRACTION * total:
+            return
+        self._last_line, self._last_line_step = now, done
+        elapsed = now - self._t0
+        left = elapsed / done * (total - done)
+        self._print(f"{_epoch_name(trainer)}  {done}/{total} steps ({100 * done / total:.0f}%)  "
+                    f"{_format_log(trainer, metrics=False)}  {_clock(elapsed)} elapsed, ETA {_clock(left)}")
 
     def after_epoch(self, trainer: Trainer) -> None:
         if self.progress is not None:
@@ -77,20 +106,40 @@ class ProgressHook(Hook):
             self.progress.stop()
             self.progress = None
         else:
-            self.console.print(f"epoch {trainer.epoch + 1}/{trainer.cfg.epochs}  {_format_log(trainer)}  "
-                               f"{time.perf_counter() - self._t0:.1f}s", highlight=False, soft_wrap=True)
+            self._print(f"{_epoch_name(trainer)}  {_format_log(trainer)}  {self.clock() - self._t0:.1f}s")
+
+    def after_train(self, trainer: Trainer) -> None:
+        if self.progress is not None:  # a run that ended mid-epoch (an error unwinds past this)
+            self.progress.stop()
+            self.progress = None
+
+    def _print(self, line: str) -> None:
+        self.console.print(line, markup=False, soft_wrap=True)
 
 
-def _format_log(trainer: Trainer) -> str:
+def _epoch_name(trainer: Trainer) -> str:
+    return f"epoch {trainer.epoch + 1}/{trainer.cfg.epochs}"
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}"
+
+
+def _format_log(trainer: Trainer, metrics: bool = True) -> str:
+    """The figures of the last read-back: loss items, img/s, GPU memory; with `metrics`, the last
+    validation's mAP."""
     parts = [f"{k} {v:.4g}" for k, v in trainer.epoch_losses().items()]
     if trainer.last_log:
         parts.append(f"{trainer.last_log['img_s']:.0f} img/s")
         if trainer.last_log.get("mem_gb"):
-            parts.append(f"{trainer.last_log['mem_gb']:.1f}G")
-    metrics = trainer.metrics
-    if metrics:
-        parts.append(f"mAP50-95 {metrics['map50_95']:.4f} mAP50 {metrics['map50']:.4f}")
+            parts.append(f"GPU {trainer.last_log['mem_gb']:.1f}G")
+    if metrics and trainer.metrics:
+        parts.append(f"mAP50-95 {trainer.metrics['map50_95']:.4f} mAP50 {trainer.metrics['map50']:.4f}")
     return "  ".join(parts)
+
+
+DETAIL_KEYS = ("per_class", "curves")  # evaluate()'s non-scalar results (eval/details.py)
 
 
 class ValidationHook(Hook):
@@ -101,7 +150,11 @@ class ValidationHook(Hook):
         last = trainer.epoch + 1 == cfg.epochs
         if not cfg.val or not (last or (trainer.epoch + 1) % cfg.eval_interval == 0):
             return
-        trainer.metrics = trainer.validate()
+        metrics = trainer.validate()
+        # The per-class rows and curves feed results.html (ResultsHook); trainer.metrics stays the
+        # scalar figures that checkpoints, results.csv and `train --json` carry.
+        trainer.val_details = {k: metrics.pop(k) for k in DETAIL_KEYS if k in metrics}
+        trainer.metrics = metrics
         trainer.validated_epoch = trainer.epoch
         fitness = 0.9 * trainer.metrics["map50_95"] + 0.1 * trainer.metrics["map50"]
         if fitness > trainer.best_fitness or trainer.best_epoch < 0:
@@ -113,7 +166,8 @@ class ValidationHook(Hook):
 
 
 class ResultsHook(Hook):
-    """One row per epoch in results.csv: losses, learning rate, metrics, timing, skipped steps."""
+    """One row per epoch in results.csv: losses, learning rate, metrics, timing, skipped steps;
+    results.html (plots.py) after every validation and when training ends."""
 
     def before_train(self, trainer: Trainer) -> None:
         self._skipped_before = trainer.precision.skipped_steps()  # a resumed run's count carries on
@@ -152,11 +206,27 @@ class ResultsHook(Hook):
             if new:
                 writer.writeheader()
             writer.writerow(row)
+        if fresh:  # new curves to show: a long run's page is never older than its last validation
+            self._write_page(trainer)
         new_skips = row["skipped_steps"] - self._skipped_before
         self._skipped_before = row["skipped_steps"]
         if new_skips:  # said only for epochs that skipped: the usual early overflows are one line each
             log.info(f"epoch {row['epoch']}: float16 loss scaler skipped {new_skips} steps for overflow "
                      f"({row['skipped_steps']} in all)")
+
+    def after_train(self, trainer: Trainer) -> None:
+        self._write_page(trainer)
+
+    @staticmethod
+    def _write_page(trainer: Trainer) -> None:
+        from ..plots import write_results_html
+
+        cfg = trainer.cfg
+        meta = {"arch": f"{trainer.family.name}-{trainer.size}", "data": trainer.data_cfg.name,
+                "epoch": f"{trainer.epoch + 1}/{cfg.epochs}", "imgsz": cfg.imgsz, "batch": cfg.batch,
+                "best epoch": trainer.best_epoch + 1 if trainer.best_epoch >= 0 else None,
+                "run": str(trainer.run_dir)}
+        write_results_html(trainer.run_dir, getattr(trainer, "val_details", None), meta)
 
 
 class CheckpointHook(Hook):

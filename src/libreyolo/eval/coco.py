@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from libreyolo.eval.details import details
 from libreyolo.eval.postprocess import postprocess, unletterbox
 
 
@@ -42,7 +43,10 @@ def evaluate(
     uint8 images are scaled to [0, 1] floats and float images pass through.
     Autocast with `amp_dtype` is used on CUDA only. The model's train/eval mode is restored.
     An image id seen twice (a distributed sampler pads with repeats) is counted once.
-    Returns {"map50_95", "map50", "num_images", "num_dets"}; no ground truth at all gives zeros.
+    Returns {"map50_95", "map50", "num_images", "num_dets"}, no ground truth at all giving zeros,
+    and what eval/details.py computes: "precision" and "recall" (means over the classes),
+    "per_class" (one row per class: images, instances, precision, recall, map50, map50_95) and
+    "curves" (PR curves, F1 against confidence, the confusion matrix; for results.html).
     `verbose=True` lets faster-coco-eval print its summary table.
     """
     device = torch.device(device)
@@ -60,12 +64,17 @@ def evaluate(
                 collector.add(batch, postprocess(preds, conf=conf, iou=iou, max_det=max_det, multi_label=True))
     finally:
         model.train(was_training)
-    map50_95, map50 = coco_map(collector.gt, collector.dets, collector.sizes, names, verbose)
+    evaluator = coco_evaluator(collector.gt, collector.dets, collector.sizes, names, verbose)
+    map50_95, map50 = _headline(evaluator)
+    classes = _class_names(names, collector.gt, collector.dets)
+    precision = evaluator.eval["precision"] if evaluator is not None else None
+    recall_points = np.asarray(evaluator.params.recThrs) if evaluator is not None else None
     return {
         "map50_95": map50_95,
         "map50": map50,
         "num_images": len(collector.sizes),
         "num_dets": int(sum(len(d) for d in collector.dets)),
+        **details(collector.gt, collector.dets, len(collector.sizes), classes, precision, recall_points),
     }
 
 
@@ -138,8 +147,16 @@ def coco_map(
     Standard COCO parameters (101-point interpolation, maxDets 100 per image and class), so the
     numbers compare with published COCO results. Category ids are class + 1.
     """
-    if not gt or not dets:  # nothing to find, or nothing found (older evaluators crash on it)
-        return 0.0, 0.0
+    return _headline(coco_evaluator(gt, dets, sizes, names, verbose))
+
+
+def coco_evaluator(gt: list[np.ndarray], dets: list[np.ndarray], sizes: list[tuple[int, int]],
+                   names: Sequence[str] | dict[int, str] | None = None, verbose: bool = False):
+    """The accumulated faster-coco-eval evaluator of `_Collector` rows (its `stats` summarised, its
+    `eval["precision"]` array for per-class figures and curves); None without ground truth or
+    detections (older evaluators crash on it)."""
+    if not gt or not dets:
+        return None
     from faster_coco_eval import (  # imported lazily: the CLI stays fast
         COCO,
         COCOeval_faster,
@@ -160,8 +177,21 @@ def coco_map(
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
+    return evaluator
+
+
+def _headline(evaluator) -> tuple[float, float]:
+    if evaluator is None:
+        return 0.0, 0.0
     # COCO reports -1 for "nothing to measure"; as a training metric that is simply 0.
     return max(float(evaluator.stats[0]), 0.0), max(float(evaluator.stats[1]), 0.0)
+
+
+def _class_names(names: Any, gt: list[np.ndarray], dets: list[np.ndarray]) -> list[str]:
+    """One name per class id 0..n-1 (the ids themselves where `names` has none)."""
+    gt_cls = np.concatenate(gt)[:, 5] if gt else np.zeros(0)
+    det_cls = np.concatenate(dets)[:, 6] if dets else np.zeros(0)
+    return [_class_name(names, k) for k in range(_num_classes(names, gt_cls, det_cls))]
 
 
 def _silent(*args: Any, **kwargs: Any) -> None:

@@ -21,6 +21,8 @@ from . import analyze as A
 
 SCHEMA = "libreyolo-profile"
 SUMMARY_SCHEMA = "libreyolo-profile-summary"
+REPEAT_SCHEMA = "libreyolo-profile-repeat"  # profile_repeat.json, the aggregate of `profile run --repeat N`
+REPEAT_FILE = "profile_repeat.json"
 SCHEMA_VERSION = 1
 FILES = ("profile.json", "profile_summary.json", "profile_trace.json", "timeline.html")
 # The top-level keys every reader relies on, and their JSON types.
@@ -111,35 +113,81 @@ def annotate_trace(trace: dict, steps: list[dict], pid: int, tid: int) -> dict:
 
 
 # --- reading ------------------------------------------------------------------------------------
+def profile_path(path: str | Path) -> Path:
+    """The profile.json that `path` (the file, or the run directory holding it) names."""
+    p = Path(path)
+    return p / "profile.json" if p.is_dir() else p
+
+
 def load_profile(path: str | Path) -> dict:
     """Read and check a profile.json (or the directory holding one); ProfileFormatError if unusable."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "profile.json"
+    p = profile_path(path)
     if not p.is_file():
+        repeat = Path(path) / REPEAT_FILE
+        if repeat.is_file():
+            raise ProfileFormatError(f"'{path}' holds the trials of a --repeat run: 'profile summary' reads it; "
+                                     f"for phases and kernels give one trial ({Path(path) / 'prof_1'})")
         raise ProfileFormatError(f"no profile at '{path}' (give profile.json or the run directory holding it)")
+    data = _read_json(p)
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema == SUMMARY_SCHEMA:
+        raise ProfileFormatError(f"'{p}' is a profile summary; give profile.json (or its directory)")
+    if schema == REPEAT_SCHEMA:
+        raise ProfileFormatError(f"'{p}' is the aggregate of a --repeat run: 'profile summary' reads it; for "
+                                 f"phases and kernels give one trial's profile.json (prof_1, ...)")
+    if schema != SCHEMA:
+        raise ProfileFormatError(f"'{p}' is not a LibreYOLO profile (no \"schema\": \"{SCHEMA}\")")
+    _check_version(p, data)
+    bad = [k for k, tp in REQUIRED.items() if not isinstance(data.get(k), tp)]
+    if bad:
+        raise ProfileFormatError(f"'{p}' is incomplete or edited: missing or malformed {', '.join(bad)}")
+    problem = check_shape(data, PROFILE_SHAPE)
+    if problem:
+        raise ProfileFormatError(f"'{p}' is incomplete or edited: {problem}")
+    return data
+
+
+def _read_json(p: Path) -> Any:
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        return json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ProfileFormatError(f"'{p}' is not valid JSON (truncated or corrupt?): {exc.msg} at line "
                                  f"{exc.lineno}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileFormatError(f"cannot read '{p}': {exc}") from None
-    schema = data.get("schema") if isinstance(data, dict) else None
-    if schema == SUMMARY_SCHEMA:
-        raise ProfileFormatError(f"'{p}' is a profile summary; give profile.json (or its directory)")
-    if schema != SCHEMA:
-        raise ProfileFormatError(f"'{p}' is not a LibreYOLO profile (no \"schema\": \"{SCHEMA}\")")
+
+
+def _check_version(p: Path, data: dict) -> None:
     version = data.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ProfileFormatError(f"'{p}' has an invalid schema_version: {version!r}")
     if version > SCHEMA_VERSION:
         raise ProfileFormatError(f"'{p}' uses profile schema version {version}; this libreyolo reads up to "
                                  f"version {SCHEMA_VERSION} (upgrade libreyolo)")
-    bad = [k for k, tp in REQUIRED.items() if not isinstance(data.get(k), tp)]
-    if bad:
-        raise ProfileFormatError(f"'{p}' is incomplete or edited: missing or malformed {', '.join(bad)}")
-    problem = check_shape(data, PROFILE_SHAPE)
+
+
+def load_for_summary(path: str | Path) -> tuple[str, dict]:
+    """('repeat', the aggregate) when `path` is a profile_repeat.json (by its schema) or the
+    --repeat run directory holding one and no profile.json; else ('profile', load_profile)."""
+    p = Path(path)
+    if p.is_dir() and not (p / "profile.json").is_file() and (p / REPEAT_FILE).is_file():
+        return "repeat", load_repeat(p / REPEAT_FILE)
+    if p.is_file():
+        data = _read_json(p)
+        if isinstance(data, dict) and data.get("schema") == REPEAT_SCHEMA:
+            return "repeat", load_repeat(p)
+    return "profile", load_profile(p)
+
+
+def load_repeat(path: str | Path) -> dict:
+    """Read and check a profile_repeat.json (what `print_repeat` reads); ProfileFormatError if unusable."""
+    p = Path(path)
+    data = _read_json(p)
+    if not isinstance(data, dict) or data.get("schema") != REPEAT_SCHEMA:
+        raise ProfileFormatError(f"'{p}' is not a LibreYOLO --repeat aggregate (no \"schema\": \"{REPEAT_SCHEMA}\")")
+    _check_version(p, data)
+    problem = check_shape(data, REPEAT_SHAPE) or next(
+        (m for k, v in data["figures"].items() if (m := check_shape(v, FIGURE_SHAPE, f"figures.{k}"))), None)
     if problem:
         raise ProfileFormatError(f"'{p}' is incomplete or edited: {problem}")
     return data
@@ -169,6 +217,9 @@ PROFILE_SHAPE: dict[str, Any] = {
     "memory": "object",
     "overhead": {"fraction?": NUM, "note?": "string"},
 }
+REPEAT_SHAPE: dict[str, Any] = {"trials": "integer", "figures": "object", "verdicts": ["string"], "verdict": "string",
+                                "verdict_count": "integer", "arch?": "any", "batch?": "any", "imgsz?": "any"}
+FIGURE_SHAPE: dict[str, Any] = {"mean": NUM, "std": NUM, "values": [NUM]}
 _KINDS: dict[str, Any] = {
     "any": lambda v: True, "null": lambda v: v is None, "string": lambda v: isinstance(v, str),
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),

@@ -21,11 +21,10 @@ from typing import Any
 
 from ..errors import LibreYOLOError
 from .analyze import stats
-from .artifacts import SCHEMA_VERSION, write_json_atomic
+from .artifacts import REPEAT_FILE, REPEAT_SCHEMA, SCHEMA_VERSION, write_json_atomic
 
 log = logging.getLogger("libreyolo")
 
-REPEAT_SCHEMA = "libreyolo-profile-repeat"
 FIGURES = ("step_ms_mean", "step_ms_std", "utilisation", "kernel_busy_ms", "data_wait_ms", "data_wait_frac",
            "syncs_per_step", "peak_memory_mb", "overhead_frac")
 DEFAULTS = {"project": "runs/profile", "name": "prof", "no_aug_epochs": 0, "val": False}
@@ -87,7 +86,7 @@ def run_trials(model: str, data: str, overrides: dict[str, Any], n: int) -> tupl
         dirs.append(Path(lines[-1]))
     summaries = [json.loads((d / "profile_summary.json").read_text()) for d in dirs]
     rep = aggregate(summaries, dirs)
-    write_json_atomic(parent / "profile_repeat.json", rep)
+    write_json_atomic(parent / REPEAT_FILE, rep)
     return parent, rep
 
 

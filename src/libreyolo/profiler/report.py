@@ -6,6 +6,7 @@ it from a copied file without importing torch.
 
 from __future__ import annotations
 
+import statistics
 import sys
 
 from rich.console import Console
@@ -68,8 +69,61 @@ def plain_table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def print_report(profile: dict, file=None, sections=SECTIONS, top: int = 10) -> None:
-    """The report; `file` defaults to stderr (stdout may carry a machine-readable result)."""
+# Fewer unprofiled reference steps than this make the overhead figure a rough one.
+STEADY_REFERENCE = 5
+
+
+def overhead_line(o: dict) -> str:
+    """The profiler's overhead as measured, with what it rests on and how noisy that is.
+
+    The figure compares the median profiled step with the median of a few unprofiled skip steps,
+    so its noise is theirs: similar runs measured +417 %, -85.7 % and +16.2 %. A negative figure is
+    printed as measured and explained (the profiler cannot make a step faster: the reference steps
+    were slower)."""
+    frac = o.get("fraction")
+    if frac is None:
+        return f"profiler overhead on measured steps: n/a ({o.get('note', '')})"
+    ref, prof = _numbers(o.get("reference_ms")), _numbers(o.get("profiled_ms"))
+    text = f"profiler overhead on measured steps: {100 * frac:+.1f}%"
+    if not ref or not prof:
+        return text
+    ref_mid = statistics.median(ref)
+    spread = (max(ref) - min(ref)) / ref_mid if ref_mid > 0 else 0.0
+    text += (f" (median of {len(prof)} profiled against {len(ref)} unprofiled step{'s' if len(ref) > 1 else ''}, "
+             f"which spread {100 * spread:.0f}%)")
+    if frac < 0:
+        text += ("; negative: profiling cannot speed a step up, so the unprofiled steps were slower (warm-up, "
+                 "a busy machine); read it as no measurable overhead")
+    elif frac <= spread:
+        text += "; within the unprofiled steps' own spread"
+    if len(ref) < STEADY_REFERENCE:
+        # The reference is the skip steps but the first and the one before the window.
+        text += f"; profile_skip={STEADY_REFERENCE + 2} or more gives a steadier figure"
+    return text
+
+
+def where_line(profile: dict, read_from=None) -> str:
+    """Where the artifacts are: the run directory, or for a copied profile.json where it was read
+    from and where the run wrote its files (the recorded path is relative to the run's working
+    directory)."""
+    recorded = profile["run"].get("run_dir")
+    if read_from is None or recorded is None:
+        return f"artifacts in {recorded}"
+    from pathlib import Path
+
+    if Path(read_from).resolve() == Path(recorded).resolve():
+        return f"artifacts in {read_from}"
+    return f"read from {read_from}; the run wrote its artifacts in {recorded}"
+
+
+def _numbers(xs) -> list[float]:
+    return [float(x) for x in xs or [] if isinstance(x, (int, float)) and not isinstance(x, bool)]
+
+
+def print_report(profile: dict, file=None, sections=SECTIONS, top: int = 10, read_from=None) -> None:
+    """The report; `file` defaults to stderr (stdout may carry a machine-readable result).
+
+    `read_from`: the directory the profile.json was read from (`profile summary` of a copy)."""
     console = Console(file=file or sys.stderr, highlight=False, soft_wrap=True)
     rich = console.is_terminal
 
@@ -103,10 +157,8 @@ def print_report(profile: dict, file=None, sections=SECTIONS, top: int = 10) -> 
             out(f"\n{title}")
             out(plain_table(head, rows) if rows else "(none recorded)")
     if "headline" in sections:
-        o = profile["overhead"]
-        frac = o.get("fraction")
-        out(f"profiler overhead on measured steps: {'n/a' if frac is None else f'{100 * frac:+.1f}%'}"
-            f"{'' if frac is not None else ' (' + o.get('note', '') + ')'}; artifacts in {profile['run'].get('run_dir')}")
+        out(overhead_line(profile["overhead"]))
+        out(where_line(profile, read_from))
 
 
 def print_repeat(rep: dict, file=None) -> None:

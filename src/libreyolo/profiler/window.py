@@ -192,9 +192,11 @@ class ProfilerHook(Hook):
     def _start(self, trainer) -> None:
         from torch.profiler import ProfilerActivity, profile
 
-        # Kineto logs an error line on CPU-only machines ("gpuGetDeviceCount failed"); keep the
-        # user's setting if they chose one.
-        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+        # Kineto writes straight to stderr, into the middle of our report: an error line on CPU-only
+        # machines ("gpuGetDeviceCount failed", level 4) and, in newer torch, a "USDT: ...
+        # profiler_start" / "profiler_stop" marker pair (level 5). 6 is above every level; Kineto
+        # reads it at each start. A user's own setting is kept.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         self.cuda = trainer.device.type == "cuda"
         self.recorder = _Recorder(trainer.device)
         t = time.perf_counter()

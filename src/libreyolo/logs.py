@@ -1,0 +1,48 @@
+"""Where LibreYOLO's log lines go: stderr, one plain line each (stdout may carry a result).
+
+The CLI always sets this up. The Python API does so only when the program has configured no
+logging of its own (no handler on the `libreyolo` logger nor on the root logger): a script or a
+notebook then sees the same dataset, device and precision lines the CLI prints, and an
+application that configured logging keeps its own arrangement.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+LOGGER = "libreyolo"
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a line is logged, not as it was when the handler was
+    made: the CLI run in-process (tests, notebooks) sees its log lines where its errors go, and
+    a live progress bar that redirects sys.stderr keeps them above the bar."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ and setStream assign it
+        pass
+
+
+def setup_logging() -> None:
+    logger = logging.getLogger(LOGGER)
+    if not logger.handlers:
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def ensure_logging() -> None:
+    """`setup_logging()` unless the program already decided where log lines go."""
+    if logging.getLogger(LOGGER).handlers or logging.getLogger().handlers:
+        return
+    setup_logging()
