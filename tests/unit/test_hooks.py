@@ -79,3 +79,9 @@ def test_results_csv_starts_fresh_or_keeps_the_resumed_epochs(tmp_path, start_ep
     ResultsHook().before_train(t)
     rows = path.read_text().splitlines() if path.exists() else []
     assert [r.split(",")[0] for r in rows[1:]] == kept and (not kept or rows[0] == "epoch,train/box")
+
+
+def test_throughput_keeps_three_significant_figures():
+    from libreyolo.engine.hooks import _rate
+
+    assert [_rate(x) for x in (0.4567, 5.123, 61.66, 353.2)] == ["0.457", "5.12", "61.7", "353"]
