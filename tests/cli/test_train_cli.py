@@ -40,7 +40,8 @@ def test_train_two_epochs_then_val(cli, tmp_path):
     assert "\x1b[" not in result.stderr
     ends = [ln.split("  ")[0] for ln in result.stderr.splitlines() if ln.startswith("epoch ") and " steps (" not in ln]
     assert ends == ["epoch 1/2", "epoch 2/2"]
-    assert (run_dir / "results.html").is_file()
+    page = (run_dir / "results.html").read_text()
+    assert "<td>all</td><td>32</td><td>506</td>" in page and page.count("Plotly.newPlot") == 4
 
     # The checkpoint was trained at 128 px on shapes: val takes both from it, and says so.
     val = cli("val", f"model={out['best']}", "batch=8", "device=cpu", "workers=0", "--json")

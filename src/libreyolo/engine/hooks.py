@@ -109,7 +109,7 @@ class ProgressHook(Hook):
             self._print(f"{_epoch_name(trainer)}  {_format_log(trainer)}  {self.clock() - self._t0:.1f}s")
 
     def after_train(self, trainer: Trainer) -> None:
-        if self.progress is not None:  # a run that ended mid-epoch (an error unwinds past this)
+        if self.progress is not None:  # after_epoch closes every bar; never leave a live display behind
             self.progress.stop()
             self.progress = None
 
@@ -226,7 +226,8 @@ class ResultsHook(Hook):
                 "epoch": f"{trainer.epoch + 1}/{cfg.epochs}", "imgsz": cfg.imgsz, "batch": cfg.batch,
                 "best epoch": trainer.best_epoch + 1 if trainer.best_epoch >= 0 else None,
                 "run": str(trainer.run_dir)}
-        write_results_html(trainer.run_dir, getattr(trainer, "val_details", None), meta)
+        details = getattr(trainer, "val_details", None)  # set by the validation that set trainer.metrics
+        write_results_html(trainer.run_dir, {**trainer.metrics, **details} if details else None, meta)
 
 
 class CheckpointHook(Hook):
