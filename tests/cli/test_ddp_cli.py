@@ -137,7 +137,7 @@ def test_two_processes_write_once_and_say_each_notice_once(runs):
     assert [p.name for p in (root / "runs").iterdir()] == ["ddp"]  # rank 0 made the one run directory
     run = root / "runs" / "ddp"
     assert sorted(p.name for p in (run / "weights").iterdir()) == ["best.pt", "epoch1.pt", "epoch2.pt", "last.pt"]
-    assert sorted(p.name for p in run.iterdir()) == ["args.yaml", "results.csv", "timings.json", "weights"]
+    assert sorted(p.name for p in run.iterdir()) == ["args.yaml", "results.csv", "results.html", "timings.json", "weights"]
     rows = (run / "results.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows] == ["epoch", "1", "2"]  # one row per epoch, by rank 0 alone
     assert ddp.stdout.splitlines() == [str(run / "weights" / "best.pt")]  # rank 0 prints the result
