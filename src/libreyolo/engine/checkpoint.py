@@ -2,7 +2,7 @@
 
 A checkpoint is a dict of tensors and plain Python values so that it loads with
 `torch.load(weights_only=True)` (no pickled code can run from a weights file). It never holds a
-graphed, compiled or DDP-wrapped module (STYLE.md #11).
+graphed, compiled or DDP-wrapped module.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Why a manual pair of `torch.cuda.CUDAGraph`s rather than `torch.cuda.make_graphe
   `invalidate()` and would nest for a second shape; we leave the module untouched, so eval,
   checkpoints and EMA see a plain module;
 - we need the BN buffer snapshot between warm-up and capture and one private pool per shape.
-GPU_NOTES.md ("CUDA graphs for training") lists the rules followed here.
+The rules followed here are those of the PyTorch CUDA-graphs notes (docs: notes/cuda, "CUDA Graphs").
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ class GraphManager:
 
 # Under DDP the reference we follow trains eager: capture would have to happen before DDP wraps the
 # model, inside a side-stream warm-up, with DDP's bucket hooks and all-reduces in the graph
-# (GPU_NOTES.md). Checked first, so a CPU DDP run says the same line as a GPU one.
+# (PyTorch CUDA-graphs notes). Checked first, so a CPU DDP run says the same line as a GPU one.
 MULTI_PROCESS = "not available under multi-GPU training"
 
 
@@ -415,7 +415,7 @@ class CudaGraphBackend:
         params = tuple(p for p in module.parameters() if p.requires_grad)
         caller_stream = torch.cuda.current_stream(device)
         stream = torch.cuda.Stream(device=device)
-        # A collection during capture could free an old graph mid-capture (GPU_NOTES.md).
+        # A collection during capture could free an old graph mid-capture (PyTorch CUDA-graphs notes).
         gc.collect()
         gc_was_enabled = gc.isenabled()
         gc.disable()

@@ -2,7 +2,7 @@
 
 It owns the autocast context for the forward pass, the GradScaler (live dynamic loss scaling only
 for float16 on CUDA), unscale-before-clip, and its own state_dict for checkpoints. There is no
-second step function for AMP (STYLE.md #2): the step calls `autocast()`, `backward()`, `step()`.
+second step function for AMP: the step calls `autocast()`, `backward()`, `step()`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def resolve(amp: bool, amp_dtype: str, device_type: str, bf16_native: bool) -> R
 def bf16_native(device: torch.device) -> bool:
     if device.type != "cuda":
         return False
-    # The default is_bf16_supported() is True on pre-Ampere GPUs through emulation (GPU_NOTES.md).
+    # The default is_bf16_supported() is True on pre-Ampere GPUs through emulation (torch.cuda.is_bf16_supported's including_emulation).
     major, _ = torch.cuda.get_device_capability(device)
     return major >= 8
 
@@ -89,7 +89,7 @@ class Precision:
         """Unscale (so clipping sees true gradients), clip, step, update the scale, zero grads."""
         if clip_grad > 0:
             self.scaler.unscale_(optimizer)
-            # error_if_nonfinite=False: the True form syncs to check (GPU_NOTES.md, hidden syncs).
+            # error_if_nonfinite=False: the True form syncs to check (torch.nn.utils.clip_grad_norm_).
             torch.nn.utils.clip_grad_norm_(params, clip_grad, error_if_nonfinite=False, foreach=True)
         if self._skipped is not None:
             before = self.scaler._scale.clone()  # device tensor; get_scale() would sync
@@ -110,7 +110,7 @@ class Precision:
 
     def state_dict(self) -> dict:
         # The enabled flag is stored because loading a disabled scaler's {} into an enabled one
-        # raises (GPU_NOTES.md, mixed precision).
+        # raises (torch.amp.GradScaler.load_state_dict).
         return {"dtype": None if self.dtype is None else str(self.dtype).removeprefix("torch."),
                 "scaler_enabled": self.scaler_enabled,
                 "scaler": self.scaler.state_dict(),

@@ -27,7 +27,7 @@ from torch import nn
 
 
 class Targets(NamedTuple):
-    """Dense, padded targets of one batch (DESIGN.md "Targets format").
+    """Dense, padded targets of one batch.
 
     boxes  [B, M, 4] float32, xyxy in pixels of the network input;
     labels [B, M]    int64 class ids (0 where padded);

@@ -3,7 +3,7 @@
 Nothing here imports torch or model code: `libreyolo profile summary|phases|kernels` and the tests
 use it on plain JSON. Times are microseconds on the trace's clock unless a name ends in `_ms`.
 
-Busy time (GPU_NOTES.md): per device, the union of `kernel`, `gpu_memcpy` and `gpu_memset`
+Busy time: per device, the union of `kernel`, `gpu_memcpy` and `gpu_memset`
 intervals over all streams; never `gpu_user_annotation` spans, which run from the first to the
 last GPU op of a CPU range and so count idle gaps as busy. A kernel belongs to the step whose CPU
 span *launched* it (joined through the correlation id), not to the step during which it ran: an

@@ -2,7 +2,7 @@
 
 One run trains in this process. `--repeat N` runs every trial in a fresh process, into
 `<run>/prof_1 ... prof_N`: one profiler session per process (a second session in the same process
-can corrupt its first kernel timestamps, GPU_NOTES.md) and a fresh allocator, autotuner and page
+can corrupt its first kernel timestamps, pytorch issue 192021) and a fresh allocator, autotuner and page
 cache state per trial, so the trials are independent samples. `<run>/profile_repeat.json` then
 holds the mean and std of every headline figure and each trial's verdict.
 """

@@ -9,7 +9,7 @@ asks the trainer to stop after the window).
 
 What is recorded. On CUDA the profiler records CUDA activity only: kernels, memcpy/memset and the
 CUDA runtime calls, which carry the launch correlation ids and the blocking sync calls. CPU op
-recording roughly doubles a launch-bound step (GPU_NOTES.md), so steps and phases are timed with
+recording roughly doubles a launch-bound step, so steps and phases are timed with
 host clocks and written into the trace afterwards. On CPU the profiler records CPU ops, the only
 activity there is; their cost is part of the measured overhead.
 
@@ -110,7 +110,7 @@ class _Recorder:
 
 
 class ProfilerHook(Hook):
-    """Measures `steps` training steps after skipping `skip` (DESIGN.md "Profiler")."""
+    """Measures `steps` training steps after skipping `skip`."""
 
     def __init__(self, skip: int, steps: int):
         self.skip, self.steps, self.first = skip, steps, max(1, steps // 2)
