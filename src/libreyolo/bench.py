@@ -123,26 +123,27 @@ def prepare(user: dict[str, Any], workdir: Path, arms: list[str] | None = None) 
     import torch
 
     from .config import build_config
-    from .data import build_train_loader, load_data_config
+    from .engine.builder import build_model
     from .engine.device import select_device
     from .model import LibreYOLO, check_batch, checking_inputs
+    from .tasks import task_for
 
     lib = LibreYOLO(user["model"])
+    task = task_for(lib.source.spec, user.get("task"))
     cfg = build_config({**user, "workers": 0, "val": False}, lib.source.defaults)
-    data_cfg = load_data_config(cfg.data)
+    data_cfg = task.load_data(cfg.data)
     torch.manual_seed(cfg.seed)
-    model = lib._build(len(data_cfg.names))
+    model = build_model(lib.source, len(data_cfg.names))
     if arms:
         refuse_inert_arms(arms, lib.source.spec, model, select_device(cfg.device))
     with checking_inputs():
-        loader = build_train_loader(data_cfg, cfg)
+        loader = task.train_loader(data_cfg, cfg)
         check_batch(cfg.batch, loader.num_images, data_cfg.name)  # else the timed batch would be smaller
     loader.set_epoch(0)
     batch = next(iter(loader))
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, workdir / "init.pt")
-    torch.save({"images": batch.images, "boxes": batch.targets.boxes, "labels": batch.targets.labels,
-                "valid": batch.targets.valid}, workdir / "batch.pt")
-    meta = {"config": cfg.to_dict(), "family": lib.source.spec.name, "size": lib.source.size,
+    torch.save(task.pack_batch(batch), workdir / "batch.pt")
+    meta = {"config": cfg.to_dict(), "family": lib.source.spec.name, "size": lib.source.size, "task": task.name,
             "num_classes": len(data_cfg.names), "arch": lib.arch}
     (workdir / "meta.json").write_text(json.dumps(meta))
     return meta
@@ -169,11 +170,10 @@ def load_arm(workdir: Path, arm: str) -> tuple[Any, Any, dict[str, Any]]:
     import torch
 
     from .config import build_config
-    from .data import Batch
+    from .engine.builder import build_step_context, place_model, seed_everything
     from .engine.device import select_device
-    from .engine.trainer import build_step_context, seed_everything
     from .families import get_family
-    from .families.base import Targets
+    from .tasks import get_task
 
     meta = json.loads((workdir / "meta.json").read_text())
     cfg = build_config({**meta["config"], **arm_delta(arm)})
@@ -182,15 +182,11 @@ def load_arm(workdir: Path, arm: str) -> tuple[Any, Any, dict[str, Any]]:
     spec = get_family(meta["family"])
     model = spec.build(meta["size"], meta["num_classes"])
     model.load_state_dict(torch.load(workdir / "init.pt", map_location="cpu", weights_only=True))
-    model = model.to(device)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    model = place_model(model, cfg, device)
     model.train()
     ctx = build_step_context(cfg, spec, model, device)
     saved = torch.load(workdir / "batch.pt", map_location="cpu", weights_only=True)
-    pin = device.type == "cuda"
-    batch = Batch(images=saved["images"].pin_memory() if pin else saved["images"],
-                  targets=Targets(saved["boxes"], saved["labels"], saved["valid"]))
+    batch = get_task(meta.get("task", "detect")).unpack_batch(saved, device.type == "cuda")
     return ctx, batch, meta
 
 

@@ -28,7 +28,7 @@ class TrainConfig:
     # --- what to train -------------------------------------------------------------------------
     model: Union[str, None] = _key(None, "weights file, official weights name (LibreYOLO9s.pt) or architecture (yolo9-t)", group="model", val=True)
     data: Union[str, None] = _key(None, "dataset: built-in name (shapes, coco128) or path to a dataset yaml", group="model", val=True)
-    task: Literal["detect"] = _key("detect", "task to train", group="model")
+    task: Union[Literal["detect", "classify"], None] = _key(None, "task to train: detect or classify (default: the model's first task; `libreyolo cfg MODEL` shows it)", group="model")
     # --- loop ----------------------------------------------------------------------------------
     epochs: int = _key(100, "number of training epochs", lo=1, hi=100_000)
     batch: int = _key(16, "images per batch; under multi-GPU training the global batch, split evenly across the processes", lo=1, val=True)
@@ -38,13 +38,13 @@ class TrainConfig:
     cache: Union[Literal["ram", "disk"], bool] = _key(False, "cache decoded images: false, ram or disk", group="data")
     seed: int = _key(0, "random seed for weights, augmentation and sampling", lo=0)
     deterministic: bool = _key(False, "use deterministic algorithms (slower)")
-    patience: int = _key(100, "stop after this many epochs without mAP improvement (0 = never)", lo=0)
+    patience: int = _key(100, "stop after this many epochs without fitness improvement (0 = never; fitness: 0.9 mAP50-95 + 0.1 mAP50, or top-1)", lo=0)
     log_interval: int = _key(10, "steps between loss read-backs from the device (the only host sync of the loop)", lo=1)
     # --- optimisation --------------------------------------------------------------------------
     optimizer: Literal["auto", "sgd", "adamw"] = _key("auto", "sgd (nesterov), adamw, or auto: AdamW with lr0 0.002*5/(4+classes), momentum 0.9 for runs of <= 10000 optimizer steps, else SGD", group="optim")
     lr0: float = _key(0.01, "initial learning rate", lo=0.0, group="optim")
     lrf: float = _key(0.01, "final learning rate as a fraction of lr0", lo=0.0, hi=1.0, group="optim")
-    lr_schedule: Literal["cosine", "linear"] = _key("linear", "decay from lr0 to lr0*lrf: cosine or linear", group="optim")
+    lr_schedule: Literal["cosine", "linear", "step"] = _key("linear", "decay from lr0 to lr0*lrf: cosine, linear, or step (three equal stages: lr0, lr0*sqrt(lrf), lr0*lrf)", group="optim")
     momentum: float = _key(0.937, "SGD momentum / AdamW beta1", lo=0.0, hi=1.0, group="optim")
     weight_decay: float = _key(0.0005, "weight decay (scaled by batch*accumulate/nbs)", lo=0.0, group="optim")
     warmup_epochs: float = _key(3.0, "warmup epochs (fractions allowed; 0 = no warmup)", lo=0.0, group="optim")
@@ -56,6 +56,7 @@ class TrainConfig:
     box: float = _key(7.5, "box (IoU) loss gain", lo=0.0, group="optim")
     cls: float = _key(0.5, "classification loss gain", lo=0.0, group="optim")
     dfl: float = _key(1.5, "distribution focal loss gain", lo=0.0, group="optim")
+    label_smoothing: float = _key(0.0, "classify: cross-entropy label smoothing", lo=0.0, hi=0.99, group="optim")
     # --- augmentation --------------------------------------------------------------------------
     mosaic: float = _key(1.0, "probability of a 4-image mosaic", lo=0.0, hi=1.0, group="augment")
     mixup: float = _key(0.0, "probability of mixup", lo=0.0, hi=1.0, group="augment")
@@ -68,6 +69,7 @@ class TrainConfig:
     translate: float = _key(0.1, "random translation (+/- fraction of size)", lo=0.0, hi=0.9, group="augment")
     scale: float = _key(0.5, "random scale gain (+/- fraction)", lo=0.0, hi=0.95, group="augment")
     shear: float = _key(0.0, "random shear range (+/- degrees)", lo=0.0, hi=45.0, group="augment")
+    crop_scale: float = _key(0.08, "classify: smallest area fraction of the random resized crop", lo=0.01, hi=1.0, group="augment")
     multi_scale: bool = _key(False, "pick a new square size (x0.5-1.5, multiple of 32) per batch", group="augment")
     # --- speed levers --------------------------------------------------------------------------
     amp: bool = _key(True, "mixed precision on CUDA (ignored with one log line on CPU)", group="speed", val=True)

@@ -24,6 +24,7 @@ from .errors import CheckpointError, ConfigError, DataError, LibreYOLOError, Mod
 from .families import REGISTRY, arch_name, get_family, parse_arch, weights_name
 from .families.base import FamilySpec
 from .logs import ensure_logging
+from .tasks import task_for
 
 log = logging.getLogger("libreyolo")
 
@@ -56,7 +57,7 @@ class ModelSource:
 
 def _official(name: str) -> tuple[FamilySpec, str] | None:
     for spec in REGISTRY.values():
-        m = re.fullmatch(re.escape(spec.weights_prefix) + r"([a-z]+)\.pt", name)
+        m = re.fullmatch(re.escape(spec.weights_prefix) + r"([a-z0-9]+)\.pt", name)
         if m and m.group(1) in spec.sizes:
             return spec, m.group(1)
     return None
@@ -123,16 +124,6 @@ def _try_download(name: str, dest: Path) -> str | None:
     return None
 
 
-def _transfer(model, state: dict, origin: Path) -> None:
-    """Load every tensor of `state` whose name and shape match (class count may differ)."""
-    own = model.state_dict()
-    matched = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    model.load_state_dict(matched, strict=False)
-    if len(matched) < len(own):
-        log.info(f"transferred {len(matched)}/{len(own)} tensors from {origin} (the rest, e.g. a "
-                 f"class head of another size, start fresh)")
-
-
 class LibreYOLO:
     """`LibreYOLO("LibreYOLO9s.pt")` or `LibreYOLO("yolo9-t")`; then `.train(data=...)`, `.val(data=...)`."""
 
@@ -145,22 +136,43 @@ class LibreYOLO:
     def arch(self) -> str:
         return self.source.arch
 
-    def _build(self, num_classes: int):
-        model = self.source.spec.build(self.source.size, num_classes)
-        ckpt = self.source.checkpoint
-        if ckpt is not None:
-            weights = ckpt.get("ema") or ckpt["model"]
-            _transfer(model, weights, self.source.path)
-        return model
+    def train(self, data: str | None = None, *, hooks: list | None = None, **overrides: Any):
+        """Train; returns a TrainResult (metrics, run_dir, best, last, timings, task).
 
-    def train(self, data: str | None = None, **overrides: Any):
-        """Train; returns a TrainResult (metrics, run_dir, best, last)."""
-        from .data import load_data_config
+        `hooks`: extra `engine.hooks.Hook` objects, called after the run's own (validation,
+        results, checkpoints, progress, and the profiler's with profile=true), on rank 0 only."""
+        from .engine.builder import build_model, seed_everything
         from .engine.device import select_device
         from .engine.distributed import quiet_other_ranks
-        from .engine.trainer import Trainer, seed_everything
+        from .engine.rundir import train_in_new_run_dir
+        from .engine.trainer import Trainer
 
         quiet_other_ranks()  # under torchrun, rank 0 alone logs
+        user = self._train_keys(data, overrides)
+        resume = user.get("resume", False)
+        if resume not in (False, None, "", "false"):
+            return self._resume(user, hooks)
+        if not user.get("data"):
+            raise ConfigError("no dataset given: pass data=NAME or data=path/to/data.yaml (e.g. data=shapes)")
+        task = task_for(self.source.spec, user.get("task"))
+        cfg = build_config(user, self.source.defaults)
+        device = select_device(cfg.device)
+        data_cfg = task.load_data(cfg.data)
+        seed_everything(cfg.seed, cfg.deterministic)  # before building: the initial weights are seeded too
+        model = build_model(self.source, len(data_cfg.names))
+        with checking_inputs():
+            # The trainer scans the labels and images and builds the loaders: every check of the
+            # inputs runs before the run directory exists, so a command that fails on them writes
+            # nothing.
+            trainer = Trainer(cfg, self.source.spec, self.source.size, model, data_cfg, None, device, task=task,
+                              hooks=run_hooks(cfg, hooks))
+            check_batch(cfg.batch, trainer.train_loader.num_images, data_cfg.name)
+            if cfg.nbs < cfg.batch:
+                log.info(f"nbs={cfg.nbs} is below batch={cfg.batch}: no gradient accumulation (one optimizer "
+                         f"step per batch) and weight decay scaled by batch/nbs = {cfg.batch / cfg.nbs:.3g}")
+        return train_in_new_run_dir(trainer, cfg)
+
+    def _train_keys(self, data: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
         user = dict(overrides)
         if data is not None:
             user["data"] = data
@@ -169,29 +181,9 @@ class LibreYOLO:
             if key not in FIELDS:
                 from .config import unknown_key_message
                 raise ConfigError(unknown_key_message(key))
-        resume = user.get("resume", False)
-        if resume not in (False, None, "", "false"):
-            return self._resume(user)
-        if not user.get("data"):
-            raise ConfigError("no dataset given: pass data=NAME or data=path/to/data.yaml (e.g. data=shapes)")
-        cfg = build_config(user, self.source.defaults)
-        device = select_device(cfg.device)
-        data_cfg = load_data_config(cfg.data)
-        seed_everything(cfg.seed, cfg.deterministic)  # before building: the initial weights are seeded too
-        model = self._build(len(data_cfg.names))
-        with checking_inputs():
-            # The trainer scans the labels and images and builds the loaders: every check of the
-            # inputs runs before the run directory exists, so a command that fails on them writes
-            # nothing.
-            trainer = Trainer(cfg, self.source.spec, self.source.size, model, data_cfg, None, device)
-            check_batch(cfg.batch, trainer.train_loader.num_images, data_cfg.name)
-            if cfg.nbs < cfg.batch:
-                log.info(f"nbs={cfg.nbs} is below batch={cfg.batch}: no gradient accumulation (one optimizer "
-                         f"step per batch) and weight decay scaled by batch/nbs = {cfg.batch / cfg.nbs:.3g}")
-        return _train_in_new_run_dir(trainer, cfg)
+        return user
 
-    def _resume(self, user: dict[str, Any]):
-        from .data import load_data_config
+    def _resume(self, user: dict[str, Any], hooks: list | None = None):
         from .engine.checkpoint import check_resumable, load_checkpoint, remove_stale_temps
         from .engine.device import select_device
         from .engine.distributed import quiet_other_ranks
@@ -217,7 +209,8 @@ class LibreYOLO:
         cfg = build_config(saved)
         if int(ckpt["epoch"]) + 1 >= cfg.epochs:
             raise ConfigError(f"'{path}' finished all {cfg.epochs} epochs; nothing to resume")
-        data_cfg = load_data_config(cfg.data)
+        task = task_for(spec, cfg.task)
+        data_cfg = task.load_data(cfg.data)
         if len(ckpt["names"]) != data_cfg.nc:
             raise CheckpointError(f"cannot resume '{path}': it was trained on {len(ckpt['names'])} classes but "
                                   f"dataset '{data_cfg.name}' has {data_cfg.nc}")
@@ -227,8 +220,8 @@ class LibreYOLO:
                 _check_fits(model, ckpt[part], path, part, arch_name(spec, size))
         run_dir = path.resolve().parent.parent
         with checking_inputs():
-            trainer = Trainer(cfg, spec, size, model, data_cfg, run_dir, select_device(cfg.device),
-                              resume=ckpt)
+            trainer = Trainer(cfg, spec, size, model, data_cfg, run_dir, select_device(cfg.device), task=task,
+                              hooks=run_hooks(cfg, hooks), resume=ckpt)
             check_batch(cfg.batch, trainer.train_loader.num_images, data_cfg.name)
         for stale in remove_stale_temps(path.resolve().parent) if trainer.world.main else ():
             log.info(f"removed {stale}, left by an interrupted checkpoint write")
@@ -250,18 +243,16 @@ class LibreYOLO:
         return spec, size
 
     def val(self, data: str | None = None, **overrides: Any) -> dict[str, Any]:
-        """Validate on a dataset's val split; returns {'map50_95', 'map50', 'precision', 'recall',
-        'num_images', 'num_dets', 'per_class', 'curves', 'imgsz', 'data'} and prints the per-class
-        table on stderr.
+        """Validate on a dataset's val split; returns the task's metrics (detection: 'map50_95',
+        'map50', 'precision', 'recall', 'num_images', 'num_dets', 'per_class', 'curves';
+        classification: 'top1', 'top5', 'loss', 'num_images', 'per_class') with 'imgsz', 'data'
+        and 'task', and prints the per-class table on stderr.
 
         A checkpoint validates at the size it was trained at, on the dataset it was trained on,
         unless `imgsz=`/`data=` are given (`inference_args`); a log line says what was used."""
-        from .data import build_val_loader, load_data_config
-        from .engine.device import select_device
+        from .engine.builder import build_model
+        from .engine.device import out_of_memory_as_error, select_device
         from .engine.precision import Precision
-        from .engine.trainer import out_of_memory_as_error
-        from .eval import evaluate
-        from .eval.table import print_class_table
 
         user = dict(overrides)
         if data is not None:
@@ -275,33 +266,34 @@ class LibreYOLO:
         if not user.get("data"):
             raise ConfigError("no dataset given: pass data=NAME or data=path/to/data.yaml (e.g. data=shapes)")
         user.setdefault("model", self.name)
+        ckpt = self.source.checkpoint
+        task = task_for(self.source.spec, (ckpt or {}).get("task"))
         cfg = build_config(user, self.source.defaults)
         device = select_device(cfg.device)
         try:
-            data_cfg = load_data_config(cfg.data)
+            data_cfg = task.load_data(cfg.data)
         except DataError as exc:
             if origin["data"] != "checkpoint":
                 raise
             raise DataError(f"{exc} (the dataset {self.source.path} was trained on; pass data= to choose "
                             f"another)") from None
-        ckpt = self.source.checkpoint
         if ckpt is not None and len(ckpt["names"]) != len(data_cfg.names):
             raise DataError(f"model was trained on {len(ckpt['names'])} classes but dataset "
                             f"'{data_cfg.name}' has {len(data_cfg.names)}")
         with checking_inputs():
             if ckpt is None:
                 log.warning(f"validating {self.arch} with random weights (no checkpoint given)")
-            model = self._build(len(data_cfg.names)).to(device).eval()
+            model = build_model(self.source, len(data_cfg.names)).to(device).eval()
             precision = Precision.create(cfg.amp, cfg.amp_dtype, device)
-            loader = build_val_loader(data_cfg, cfg)
+            loader = task.val_loader(data_cfg, cfg)
         used = ", ".join(f"{k} {getattr(cfg, k)} ({_ORIGIN[origin[k]]})" for k in INFERENCE_KEYS)
         log.info(f"validating {self.arch}: {used}; {loader.num_images} val images on {device}; "
                  f"precision: {precision.describe()}")
         with out_of_memory_as_error(cfg, device):
-            metrics = evaluate(model, loader, device, conf=cfg.conf, iou=cfg.iou, max_det=cfg.max_det,
-                               amp_dtype=precision.dtype, names=data_cfg.names, progress=True)
-        print_class_table(metrics)
-        return {**metrics, "imgsz": cfg.imgsz, "data": cfg.data}
+            metrics = task.evaluate(model, loader, device, cfg, amp_dtype=precision.dtype, names=data_cfg.names,
+                                    progress=True)
+        task.report(metrics)
+        return {**metrics, "imgsz": cfg.imgsz, "data": cfg.data, "task": task.name}
 
 
 # Keys an inference command (val; predict, later) takes from a checkpoint's training arguments
@@ -368,49 +360,19 @@ def check_batch(batch: int, images: int, data_name: str) -> None:
                           f"'{data_name}': lower batch to {images} or less")
 
 
-def _train_in_new_run_dir(trainer, cfg: TrainConfig):
-    """Create the run directory (args.yaml first), then train. A run that fails before anything but
-    args.yaml was written (out of memory at the first step, say) takes its new directory away
-    with it: a failed command leaves nothing behind."""
-    from .engine.checkpoint import remove_stale_temps
-    from .engine.distributed import broadcast_object
-    from .engine.trainer import make_run_dir, write_args
+def run_hooks(cfg: TrainConfig, extra: list | None = None) -> list:
+    """A run's hooks, in calling order: the defaults (engine/hooks.py), the profiler's when
+    cfg.profile (unless the caller brings its own, as `libreyolo profile run` does), then the
+    caller's."""
+    from .engine.hooks import Hook, default_hooks
+    from .profiler.window import ProfilerHook, profiler_hooks
 
-    if not trainer.world.main:  # rank 0 makes the run directory; the others learn its path, write nothing
-        trainer.run_dir = broadcast_object(None)
-        return trainer.train()
-    reused = cfg.exist_ok and (Path(cfg.project) / cfg.name).exists()
-    project = Path(cfg.project)
-    new_folders = [p for p in (project, *project.parents) if not p.exists()]  # deepest first
-    run_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok)
-    for stale in remove_stale_temps(run_dir / "weights"):  # a reused directory's killed writes
-        log.info(f"removed {stale}, left by an interrupted checkpoint write")
-    write_args(run_dir, cfg)
-    trainer.run_dir = broadcast_object(run_dir) if trainer.world.active else run_dir
-    try:
-        return trainer.train()
-    except (LibreYOLOError, KeyboardInterrupt):
-        if not reused and _discard_if_empty(run_dir):
-            for folder in new_folders:  # project folders this run made, while nothing else is in them
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
-        raise
-
-
-def _discard_if_empty(run_dir: Path) -> bool:
-    """Remove `run_dir` if it holds nothing but args.yaml (and an empty weights/); True if so."""
-    weights = run_dir / "weights"
-    if {p.name for p in run_dir.iterdir()} - {"args.yaml", "weights"}:
-        return False
-    if weights.is_dir() and any(weights.iterdir()):
-        return False
-    (run_dir / "args.yaml").unlink(missing_ok=True)
-    if weights.is_dir():
-        weights.rmdir()
-    run_dir.rmdir()
-    return True
+    extra = list(extra or [])
+    for hook in extra:
+        if not isinstance(hook, Hook):
+            raise ConfigError(f"hooks=: {type(hook).__name__} is not an engine.hooks.Hook")
+    own = [] if any(isinstance(h, ProfilerHook) for h in extra) else profiler_hooks(cfg)
+    return [*default_hooks(), *own, *extra]
 
 
 def _check_fits(model, state: Any, path: Path, part: str, arch: str) -> None:

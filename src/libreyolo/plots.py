@@ -1,10 +1,11 @@
 """results.html: one self-contained page for a training run (plotly.js inlined, no network).
 
 Built from what the run directory already holds plus the last validation's details:
-- per epoch, from results.csv: the training loss items, mAP50 and mAP50-95 (epochs that validated),
-  the learning rate;
-- from the last validation (eval/details.py): precision-recall curves per class at IoU 0.5, mean
-  F1 against confidence (where P and R are read), the confusion matrix, and the per-class table.
+- per epoch, from results.csv: the training loss items, the task's metrics (mAP50 and mAP50-95,
+  or top-1 and top-5; epochs that validated), the learning rate;
+- from the last validation: the per-class table, and for detection (eval/details.py) precision-
+  recall curves per class at IoU 0.5, mean F1 against confidence (where P and R are read) and the
+  confusion matrix.
 
 No PNGs: plotly's static export needs kaleido and a Chrome at run time (seconds per figure), and
 drawing every plot a second time in matplotlib would double this module for pictures the page
@@ -34,22 +35,22 @@ def read_results(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def write_results_html(run_dir: Path, details: dict[str, Any] | None, meta: dict[str, Any]) -> Path:
+def write_results_html(run_dir: Path, task, details: dict[str, Any] | None, meta: dict[str, Any]) -> Path:
     """Render `run_dir/results.html` from `run_dir/results.csv` and `details` (None: no
-    validation yet); written to a temp file and renamed."""
+    validation yet) for `task` (tasks/); written to a temp file and renamed."""
     run_dir = Path(run_dir)
-    return write_text_atomic(run_dir / PAGE, render(read_results(run_dir / "results.csv"), details, meta))
+    return write_text_atomic(run_dir / PAGE, render(read_results(run_dir / "results.csv"), task, details, meta))
 
 
-def render(rows: list[dict[str, str]], details: dict[str, Any] | None, meta: dict[str, Any]) -> str:
+def render(rows: list[dict[str, str]], task, details: dict[str, Any] | None, meta: dict[str, Any]) -> str:
     """The whole page as one string: plotly.js inlined once, in the first figure."""
-    figures = [_epoch_curves(rows)]
+    figures = [_epoch_curves(rows, task)]
     if details and details.get("curves"):
         curves = details["curves"]
         figures += [_pr_curves(curves["pr"]), _f1_curve(curves["f1"]), _confusion(curves["confusion"])]
     blocks = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False})
               for i, fig in enumerate(figures)]
-    table = _class_table(details) if details and details.get("per_class") else (
+    table = _class_table(details, task.name) if details and details.get("per_class") else (
         "<p class='note'>No validation has run yet (or <code>val=false</code>): only the training curves.</p>")
     return _page(meta, blocks[0], table, blocks[1:])
 
@@ -71,18 +72,19 @@ def _floats(rows: list[dict[str, str]], key: str) -> tuple[list[int], list[float
     return xs, ys
 
 
-def _epoch_curves(rows: list[dict[str, str]]):
+def _epoch_curves(rows: list[dict[str, str]], task):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("training loss items (epoch mean)",
-                                                        "validation mAP", "learning rate (end of epoch)"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("training loss items (epoch mean)", "validation",
+                                                        "learning rate (end of epoch)"))
     losses = [k for k in (rows[0] if rows else {}) if k.startswith("train/")]
     for key in losses:
         xs, ys = _floats(rows, key)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=esc(key.removeprefix("train/")),
                                  legendgroup="loss"), row=1, col=1)
-    for key, label in (("map50", "mAP50"), ("map50_95", "mAP50-95")):
+    for key in task.metrics:
+        label = task.labels[key]
         xs, ys = _floats(rows, key)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=label, legendgroup="map"), row=1, col=2)
     xs, ys = _floats(rows, "lr")
@@ -149,14 +151,19 @@ def _confusion(cm: dict[str, Any]):
     return fig
 
 
-def _class_table(details: dict[str, Any]) -> str:
-    from .eval.table import HEAD, class_rows
+def _class_table(details: dict[str, Any], task: str) -> str:
+    from .eval.table import CLASSIFY_HEAD, HEAD, class_rows, classify_rows
 
-    rows = class_rows(details)
-    head = "".join(f"<th>{esc(h)}</th>" for h in HEAD)
+    if task == "classify":
+        head_row, rows = CLASSIFY_HEAD, classify_rows(details)
+        note = "top-1: the highest score is the label; top-5: the label is among the 5 highest."
+    else:
+        head_row, rows = HEAD, class_rows(details)
+        note = ("P and R at the confidence where the mean F1 is highest; mAP at IoU 0.5 and 0.5:0.95 (COCO, "
+                "101 recall points).")
+    head = "".join(f"<th>{esc(h)}</th>" for h in head_row)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return (f"<h2>validation per class (the last validation)</h2><p class='note'>P and R at the confidence "
-            f"where the mean F1 is highest; mAP at IoU 0.5 and 0.5:0.95 (COCO, 101 recall points).</p>"
+    return (f"<h2>validation per class (the last validation)</h2><p class='note'>{note}</p>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
 
 

@@ -498,7 +498,7 @@ def test_out_of_memory_at_the_first_step_is_one_line_and_leaves_no_run_dir(input
 
 def test_cpu_allocator_failure_is_the_same_one_line(monkeypatch):
     from libreyolo.config import build_config
-    from libreyolo.engine.trainer import OutOfMemory, out_of_memory_as_error
+    from libreyolo.engine.device import OutOfMemory, out_of_memory_as_error
 
     cfg = build_config({"batch": 1, "imgsz": 4096})
     with pytest.raises(OutOfMemory, match=r"^out of memory on cpu at batch=1 imgsz=4096: lower imgsz$"):

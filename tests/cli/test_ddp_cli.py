@@ -92,7 +92,7 @@ def _difference(a: Path, b: Path) -> tuple[float, float, float]:
     """How far checkpoint `a` is from `b`: (largest |a - b| of a trained parameter, model or EMA;
     largest |a - b| / max(|b|, 1) of a BatchNorm running statistic; |update_a - update_b| /
     |update_b| of the model's parameters, updates measured from the seed-0 initial weights)."""
-    from libreyolo.engine.trainer import seed_everything
+    from libreyolo.engine.builder import seed_everything
     from libreyolo.families import get_family
 
     seed_everything(0, False)

@@ -6,7 +6,7 @@ from testkit import synthetic_batch
 
 from libreyolo.config import build_config
 from libreyolo.engine.step import train_step
-from libreyolo.engine.trainer import build_step_context
+from libreyolo.engine.builder import build_step_context
 from libreyolo.families import get_family
 
 

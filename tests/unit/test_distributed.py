@@ -168,7 +168,7 @@ def _frozen_bn_model():
 
 def _context(model, world_size):
     from libreyolo.config import build_config
-    from libreyolo.engine.trainer import build_step_context
+    from libreyolo.engine.builder import build_step_context
     from libreyolo.families import get_family
 
     cfg = build_config({"optimizer": "sgd", "ema": False, "clip_grad": 0.0})

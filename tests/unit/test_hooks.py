@@ -5,14 +5,19 @@ from types import SimpleNamespace
 import pytest
 
 from libreyolo.engine.hooks import ValidationHook
+from libreyolo.tasks import get_task
 
 
 def _trainer(scores, **cfg):
     it = iter(scores)
     t = SimpleNamespace(cfg=SimpleNamespace(**{"val": True, "eval_interval": 1, "epochs": 100, "patience": 3, **cfg}),
-                        epoch=0, metrics={}, best_fitness=-1.0, best_epoch=-1, improved=False, stop=False,
-                        validated_epoch=-1)
-    t.validate = lambda: {"map50_95": (s := next(it)), "map50": s}
+                        epoch=0, metrics={}, stop=False, validated_epoch=-1, task=get_task("detect"))
+
+    def validate():
+        t.validated_epoch = t.epoch
+        return {"map50_95": (s := next(it)), "map50": s}
+
+    t.validate = validate
     return t
 
 
@@ -24,8 +29,12 @@ def test_patience_stops_after_epochs_without_improvement():
         hook.after_epoch(t)
         if t.stop:
             break
-    assert t.best_epoch == 1 and t.epoch == 4  # epochs 2, 3, 4 did not beat epoch 1's 0.3
+    assert hook.best_epoch == 1 and t.epoch == 4  # epochs 2, 3, 4 did not beat epoch 1's 0.3
     assert t.stop
+    assert hook.state_dict() == {"best_fitness": pytest.approx(0.3), "best_epoch": 1}
+    again = ValidationHook()
+    again.load_state_dict(hook.state_dict())  # a resume carries the best epoch on
+    assert (again.best_fitness, again.best_epoch) == (hook.best_fitness, hook.best_epoch)
 
 
 def test_patience_zero_never_stops_and_interval_skips():
@@ -37,14 +46,27 @@ def test_patience_zero_never_stops_and_interval_skips():
         hook.after_epoch(t)
         validated.append(t.validated_epoch == epoch)
     assert validated == [False, True, False, True, False, True, False, True]
-    assert not t.stop and t.best_epoch == 1
+    assert not t.stop and hook.best_epoch == 1
 
 
 def test_last_epoch_always_validates():
     t = _trainer([0.2], eval_interval=10, epochs=3)
     t.epoch = 2
-    ValidationHook().after_epoch(t)
-    assert t.validated_epoch == 2 and t.improved
+    hook = ValidationHook()
+    hook.after_epoch(t)
+    assert t.validated_epoch == 2 and hook.improved_at(2) and not hook.improved_at(1)
+
+
+def test_classification_fitness_is_top1():
+    t = _trainer([], patience=0)
+    t.task = get_task("classify")
+    results = iter([{"top1": 0.5, "top5": 1.0}, {"top1": 0.6, "top5": 0.6}, {"top1": 0.55, "top5": 1.0}])
+    t.validate = lambda: next(results)
+    hook = ValidationHook()
+    for epoch in range(3):
+        t.epoch = epoch
+        hook.after_epoch(t)
+    assert hook.best_epoch == 1 and hook.best_fitness == 0.6  # top-5 does not count
 
 
 def test_skipped_steps_are_said_only_for_epochs_that_skipped(tmp_path, caplog):
@@ -52,6 +74,7 @@ def test_skipped_steps_are_said_only_for_epochs_that_skipped(tmp_path, caplog):
 
     counts = iter([3, 8, 8, 8, 9])  # the scaler's running total: 3 before this run (a resume)
     t = SimpleNamespace(epoch=0, start_epoch=0, metrics={}, validated_epoch=-1, run_dir=tmp_path,
+                        task=get_task("detect"),
                         epoch_losses=lambda: {"box": 1.0},
                         optimizer=SimpleNamespace(param_groups=[{"lr": 0.01}]),
                         precision=SimpleNamespace(skipped_steps=lambda: next(counts)))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from libreyolo import LibreYOLO
-from libreyolo.engine.trainer import NonFiniteLossError
+from libreyolo.engine.meter import NonFiniteLossError
 from libreyolo.families.yolo9.loss import YOLO9Loss
 
 TINY = dict(data="shapes", imgsz=64, batch=8, device="cpu", workers=0, amp=False, val=False, log_interval=10)
@@ -99,7 +99,7 @@ def test_run_timings_cover_epochs_validation_and_checkpoints(tmp_path):
     (True, 5, 1, False, True), (False, 50, 1, False, False), (True, 50, 1, True, False)])
 def test_cudnn_autotune_policy(key, epochs, sizes, deterministic, expected):
     from libreyolo.config import build_config
-    from libreyolo.engine.trainer import cudnn_autotune
+    from libreyolo.engine.builder import cudnn_autotune
 
     cfg = build_config({"cudnn_benchmark": key, "epochs": epochs, "deterministic": deterministic})
     on, line = cudnn_autotune(cfg, 100, sizes)  # 100 steps per epoch
@@ -111,7 +111,7 @@ def test_step_context_outside_the_trainer_resolves_optimizer_auto():
     """bench, tests and host_diag build a step context from a config whose optimizer is still
     `auto`: they get what auto gives a short run."""
     from libreyolo.config import build_config
-    from libreyolo.engine.trainer import build_step_context
+    from libreyolo.engine.builder import build_step_context
     from libreyolo.families import get_family
 
     spec = get_family("yolo9")

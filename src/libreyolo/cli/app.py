@@ -104,11 +104,14 @@ def groups_help(width: int = 100) -> str:
     return "\n".join(lines)
 
 
-TRAIN_HELP = f"""Train a detector: libreyolo train model=yolo9-t data=shapes epochs=10 [key=value ...]
+TRAIN_HELP = f"""Train a model: libreyolo train model=yolo9-t data=shapes epochs=10 [key=value ...]
 
 Every key of `libreyolo cfg` can be set as key=value (or --key value). model= takes an
-architecture (yolo9-t), an official weights name (LibreYOLO9s.pt) or a checkpoint file;
-data= a built-in dataset (shapes, coco128) or a dataset yaml. resume=true continues the
+architecture (yolo9-t, resnet18, mobilenetv4-s), an official weights name (LibreYOLO9s.pt) or a
+checkpoint file. The model's family says what it learns (task=, default its first task):
+detectors read a built-in dataset (shapes, coco128) or a YOLO dataset yaml; classifiers a built-in
+set (shapes-cls), a folder with train/<class>/ and val/<class>/ image folders, or a yaml naming
+them. resume=true continues the
 newest run's last.pt; resume=path/last.pt a given one. Progress and logs go to stderr (a live
 bar on a terminal, plain lines in a log); the best checkpoint's path goes to stdout when done.
 
@@ -154,7 +157,7 @@ def train(ctx: typer.Context,
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
     typer.echo(f"done: {result.epochs_run} epochs, results in {result.run_dir}"
                + (f"; {metrics}" if metrics else ""), err=True)
-    typer.echo(json.dumps({"run_dir": str(result.run_dir), "best": str(result.best),
+    typer.echo(json.dumps({"run_dir": str(result.run_dir), "best": str(result.best), "task": result.task,
                            "metrics": result.metrics, "timings": result.timings}) if as_json else str(result.best))
 
 
@@ -163,15 +166,17 @@ def _val_help() -> str:
 
     return f"""Validate a model: libreyolo val model=runs/train/exp/weights/best.pt [data=shapes] [--json]
 
-Prints a per-class table (images, instances, P, R, mAP50, mAP50-95) on stderr and mAP50-95 and
-mAP50 on stdout. A checkpoint validates at the image size it was trained at, on its training
+Prints a per-class table on stderr and the headline metrics on stdout: for a detector images,
+instances, P, R, mAP50, mAP50-95 per class and `mAP50-95 ... mAP50 ...`; for a classifier images,
+top-1, top-5 per class and `top-1 ... top-5 ...`. A checkpoint validates at the image size it was trained at, on its training
 dataset, unless imgsz= or data= say otherwise; a log line says which size and dataset it used.
 
 Keys (key=, default, meaning):
 
 {keys_help(VAL_KEYS, {"data": "ckpt*", "imgsz": "ckpt*|640"})}
 
-* the value the checkpoint was trained with; an architecture name has none (imgsz is then 640).
+* the value the checkpoint was trained with; an architecture name has none (imgsz is then its
+  family's default: 640 for the detectors, 224 for the classifiers).
 """
 
 
@@ -196,8 +201,9 @@ def val(ctx: typer.Context,
     if as_json:
         typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "curves"}))  # curves: results.html
     else:
-        typer.echo(f"mAP50-95 {metrics['map50_95']:.4f}  mAP50 {metrics['map50']:.4f}  "
-                   f"({metrics['num_images']} images)")
+        from ..tasks import get_task
+
+        typer.echo(f"{get_task(metrics['task']).summary(metrics, sep="  ")}  ({metrics['num_images']} images)")
 
 
 @app.command()

@@ -44,6 +44,8 @@ def check_data(data: Any) -> None:
     """A `data=` that is neither a built-in dataset nor an existing yaml file."""
     if not isinstance(data, str) or not data:
         return
+    if Path(data).expanduser().is_dir():
+        return  # a classification folder (train/<class>/, val/<class>/): the task's loader checks it
     if _is_builtin_name(data):
         if not _packaged().joinpath(f"{data}.yaml").is_file():
             known = ", ".join(sorted(p.name[: -len(".yaml")] for p in _packaged().iterdir()

@@ -8,12 +8,13 @@ processes talking over gloo.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LibreYOLOError
 
 
 def device_list(spec: str) -> list[int] | None:
@@ -74,3 +75,37 @@ def _cuda(index: int, spec: str) -> torch.device:
     if index >= torch.cuda.device_count():
         raise ConfigError(f"device '{spec}' does not exist ({torch.cuda.device_count()} CUDA device(s) found)")
     return torch.device("cuda", index)
+
+
+class OutOfMemory(LibreYOLOError):
+    """A batch the device cannot hold."""
+
+    per_rank = True  # under DDP each process says it for its own device (cli/app.py)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError ("can't allocate memory")."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+
+
+@contextlib.contextmanager
+def out_of_memory_as_error(cfg, device: torch.device):
+    """Turn running out of memory into one line naming what to lower, instead of a traceback."""
+    try:
+        yield
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        half = max(cfg.batch // 2, 1)
+        lower = f"lower batch (e.g. batch={half}) or imgsz" if cfg.batch > 1 else "lower imgsz"
+        raise OutOfMemory(f"out of memory on {device} at batch={cfg.batch} imgsz={cfg.imgsz}: {lower}"
+                          + (", or set cuda_graph=false" if cfg.cuda_graph else "")) from None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)

@@ -128,22 +128,24 @@ def _clock(seconds: float) -> str:
 
 def _format_log(trainer: Trainer, metrics: bool = True) -> str:
     """The figures of the last read-back: loss items, img/s, GPU memory; with `metrics`, the last
-    validation's mAP."""
+    validation's headline metrics (the task's)."""
     parts = [f"{k} {v:.4g}" for k, v in trainer.epoch_losses().items()]
     if trainer.last_log:
         parts.append(f"{_rate(trainer.last_log['img_s'])} img/s")
         if trainer.last_log.get("mem_gb"):
             parts.append(f"GPU {trainer.last_log['mem_gb']:.1f}G")
     if metrics and trainer.metrics:
-        parts.append(f"mAP50-95 {trainer.metrics['map50_95']:.4f} mAP50 {trainer.metrics['map50']:.4f}")
+        parts.append(trainer.task.summary(trainer.metrics))
     return "  ".join(parts)
 
 
-DETAIL_KEYS = ("per_class", "curves")  # evaluate()'s non-scalar results (eval/details.py)
-
-
 class ValidationHook(Hook):
-    """Validate the EMA weights every `eval_interval` epochs and after the last; early stopping."""
+    """Validate the EMA weights every `eval_interval` epochs and after the last; track the best
+    fitness (the task's: it picks best.pt) and stop early after `patience` epochs without a better
+    one. The best epoch is this hook's state, saved in checkpoints and restored on resume."""
+
+    def __init__(self) -> None:
+        self.best_fitness, self.best_epoch = -1.0, -1
 
     def after_epoch(self, trainer: Trainer) -> None:
         cfg = trainer.cfg
@@ -151,23 +153,32 @@ class ValidationHook(Hook):
         if not cfg.val or not (last or (trainer.epoch + 1) % cfg.eval_interval == 0):
             return
         metrics = trainer.validate()
-        # The per-class rows and curves feed results.html (ResultsHook); trainer.metrics stays the
-        # scalar figures that checkpoints, results.csv and `train --json` carry.
-        trainer.val_details = {k: metrics.pop(k) for k in DETAIL_KEYS if k in metrics}
-        trainer.metrics = metrics
-        trainer.validated_epoch = trainer.epoch
-        fitness = 0.9 * trainer.metrics["map50_95"] + 0.1 * trainer.metrics["map50"]
-        if fitness > trainer.best_fitness or trainer.best_epoch < 0:
-            trainer.best_fitness, trainer.best_epoch = fitness, trainer.epoch
-            trainer.improved = True
-        if cfg.patience and trainer.epoch - trainer.best_epoch >= cfg.patience:
-            log.info(f"early stop: no improvement for {cfg.patience} epochs (best epoch {trainer.best_epoch + 1})")
+        fitness = trainer.task.fitness(metrics)
+        if fitness > self.best_fitness or self.best_epoch < 0:
+            self.best_fitness, self.best_epoch = fitness, trainer.epoch
+        if cfg.patience and trainer.epoch - self.best_epoch >= cfg.patience:
+            log.info(f"early stop: no improvement for {cfg.patience} epochs (best epoch {self.best_epoch + 1})")
             trainer.stop = True
+
+    def improved_at(self, epoch: int) -> bool:
+        """True when `epoch`'s validation set a new best."""
+        return self.best_epoch == epoch
+
+    def state_dict(self) -> dict:
+        return {"best_fitness": self.best_fitness, "best_epoch": self.best_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best_fitness = float(state.get("best_fitness", -1.0))
+        self.best_epoch = int(state.get("best_epoch", -1))
 
 
 class ResultsHook(Hook):
-    """One row per epoch in results.csv: losses, learning rate, metrics, timing, skipped steps;
-    results.html (plots.py) after every validation and when training ends."""
+    """One row per epoch in results.csv: losses, learning rate, the task's metrics, timing,
+    skipped steps; results.html (plots.py) after every validation and when training ends.
+    `validation` (the run's ValidationHook) supplies the best epoch shown on the page."""
+
+    def __init__(self, validation: ValidationHook | None = None) -> None:
+        self.validation = validation
 
     def before_train(self, trainer: Trainer) -> None:
         self._skipped_before = trainer.precision.skipped_steps()  # a resumed run's count carries on
@@ -195,8 +206,8 @@ class ResultsHook(Hook):
         row.update({f"train/{k}": round(v, 6) for k, v in trainer.epoch_losses().items()})
         row["lr"] = trainer.optimizer.param_groups[0]["lr"]
         fresh = bool(trainer.metrics) and trainer.validated_epoch == trainer.epoch  # blank when not validated
-        row["map50_95"] = round(trainer.metrics["map50_95"], 6) if fresh else ""
-        row["map50"] = round(trainer.metrics["map50"], 6) if fresh else ""
+        for key in trainer.task.metrics:
+            row[key] = round(trainer.metrics[key], 6) if fresh else ""
         row["seconds"] = round(time.perf_counter() - self._t0, 3)
         row["skipped_steps"] = trainer.precision.skipped_steps()
         path = trainer.run_dir / "results.csv"
@@ -217,28 +228,30 @@ class ResultsHook(Hook):
     def after_train(self, trainer: Trainer) -> None:
         self._write_page(trainer)
 
-    @staticmethod
-    def _write_page(trainer: Trainer) -> None:
+    def _write_page(self, trainer: Trainer) -> None:
         from ..plots import write_results_html
 
         cfg = trainer.cfg
-        meta = {"arch": f"{trainer.family.name}-{trainer.size}", "data": trainer.data_cfg.name,
+        best = self.validation.best_epoch if self.validation is not None else -1
+        meta = {"arch": trainer.arch, "task": trainer.task.name, "data": trainer.data_cfg.name,
                 "epoch": f"{trainer.epoch + 1}/{cfg.epochs}", "imgsz": cfg.imgsz, "batch": cfg.batch,
-                "best epoch": trainer.best_epoch + 1 if trainer.best_epoch >= 0 else None,
-                "run": str(trainer.run_dir)}
-        details = getattr(trainer, "val_details", None)  # set by the validation that set trainer.metrics
-        write_results_html(trainer.run_dir, {**trainer.metrics, **details} if details else None, meta)
+                "best epoch": best + 1 if best >= 0 else None, "run": str(trainer.run_dir)}
+        details = trainer.val_details  # from the validation that set trainer.metrics
+        write_results_html(trainer.run_dir, trainer.task, {**trainer.metrics, **details} if details else None, meta)
 
 
 class CheckpointHook(Hook):
-    """last.pt every epoch, best.pt on improvement, epochN.pt every `save_period` epochs."""
+    """last.pt every epoch, best.pt when `validation` (the run's ValidationHook) saw a new best
+    this epoch, epochN.pt every `save_period` epochs. Runs after the validation hook."""
+
+    def __init__(self, validation: ValidationHook | None = None) -> None:
+        self.validation = validation
 
     def after_epoch(self, trainer: Trainer) -> None:
         weights = trainer.run_dir / "weights"
         trainer.save(weights / "last.pt")
-        if trainer.improved:
+        if self.validation is not None and self.validation.improved_at(trainer.epoch):
             trainer.save(weights / "best.pt")
-            trainer.improved = False
         period = trainer.cfg.save_period
         if period > 0 and (trainer.epoch + 1) % period == 0:
             trainer.save(weights / f"epoch{trainer.epoch + 1}.pt")
@@ -247,3 +260,10 @@ class CheckpointHook(Hook):
 def _rate(img_s: float) -> str:
     """Three significant figures, never rounded to 0: a CPU at 640 px trains at ~0.5 img/s."""
     return f"{img_s:.3g}" if img_s < 100 else f"{img_s:.0f}"
+
+
+def default_hooks() -> list[Hook]:
+    """What every training run has, in calling order: validation (and the best epoch) first, so
+    the results table and the checkpoints of an epoch see its validation."""
+    validation = ValidationHook()
+    return [validation, ResultsHook(validation), CheckpointHook(validation), ProgressHook()]

@@ -23,23 +23,42 @@ def class_rows(metrics: dict[str, Any]) -> list[list[str]]:
 
 
 def print_class_table(metrics: dict[str, Any], file=None) -> None:
+    """Detection: P and R at the best mean F1, mAP50 and mAP50-95, per class."""
+    print_rows(HEAD, class_rows(metrics), "validation: P and R at the confidence of the best mean F1; "
+               "mAP at IoU 0.5 and 0.5:0.95", file)
+
+
+CLASSIFY_HEAD = ["class", "images", "top-1", "top-5"]
+
+
+def classify_rows(metrics: dict[str, Any]) -> list[list[str]]:
+    rows = [["all", str(metrics.get("num_images", 0)), _f(metrics.get("top1")), _f(metrics.get("top5"))]]
+    rows += [[r["class"], str(r["images"]), _f(r["top1"]), _f(r["top5"])] for r in metrics.get("per_class") or []]
+    return rows
+
+
+def print_classify_table(metrics: dict[str, Any], file=None) -> None:
+    """Classification: top-1 and top-5 accuracy, per class."""
+    print_rows(CLASSIFY_HEAD, classify_rows(metrics), "validation: top-1 and top-5 accuracy", file)
+
+
+def print_rows(head: list[str], rows: list[list[str]], title: str, file=None) -> None:
+    """A rich table on a terminal, plain aligned columns in a log; the first row is the total."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     console = Console(file=file or sys.stderr, highlight=False, soft_wrap=True)
-    rows = class_rows(metrics)
     if console.is_terminal:
-        table = Table(title="validation: P and R at the confidence of the best mean F1; mAP at IoU 0.5 and 0.5:0.95",
-                      title_justify="left")
-        for i, h in enumerate(HEAD):
+        table = Table(title=title, title_justify="left")
+        for i, h in enumerate(head):
             table.add_column(h, justify="left" if i == 0 else "right")
         for i, r in enumerate(rows):
             table.add_row(*(Text(c) for c in r), end_section=i == 0)  # class names are data, not markup
         console.print(table)
         return
-    widths = [max(len(r[i]) for r in [HEAD, *rows]) for i in range(len(HEAD))]
-    for r in [HEAD, *rows]:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
         console.print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))),
                       markup=False)
 

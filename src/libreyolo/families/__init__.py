@@ -52,13 +52,15 @@ def parse_arch(name: str) -> tuple[FamilySpec, str] | None:
 
 
 def arch_name(spec: FamilySpec, size: str) -> str:
-    return f"{spec.name}-{size}"
+    return f"{spec.name}{spec.joiner}{size}"
 
 
 def weights_name(spec: FamilySpec, size: str) -> str:
     return f"{spec.weights_prefix}{size}.pt"
 
 
+from .mobilenetv4.spec import SPEC as _MOBILENETV4  # noqa: E402
+from .resnet.spec import SPEC as _RESNET  # noqa: E402
 from .rtmdet.spec import SPEC as _RTMDET  # noqa: E402
 from .yolo9.spec import SPEC as _YOLO9  # noqa: E402
 from .yolox.spec import SPEC as _YOLOX  # noqa: E402
@@ -66,3 +68,5 @@ from .yolox.spec import SPEC as _YOLOX  # noqa: E402
 register(_YOLO9)
 register(_YOLOX)
 register(_RTMDET)
+register(_RESNET)
+register(_MOBILENETV4)

@@ -8,9 +8,12 @@ Training model contract (an `nn.Module` returned by `FamilySpec.build`):
 - `model.capturable`: `nn.Module` mapping `images [B,3,H,W] -> tuple[Tensor, ...]` with static
   shapes for a static input shape. This is what CUDA graphs capture.
 - `model.forward_train(captured, targets) -> preds`: the eager rest (identity for YOLO-style).
-- `model.predict(images) -> Tensor [B, N, 4 + num_classes]`: inference (boxes xyxy in input
-  pixels, then per-class scores in [0, 1]); used by validation.
-- `model.num_classes`, `model.strides`.
+- `model.predict(images) -> Tensor`: inference, in the form the task declares
+  (`tasks/<task>.py`, `TaskSpec.predicts`; detection: [B, N, 4 + num_classes], boxes xyxy in input
+  pixels then per-class scores in [0, 1]); used by validation.
+- `model.num_classes` (and `model.strides` for the detectors).
+- optionally `model.set_epoch(epoch, cfg) -> reason | None`: an epoch-dependent change of what
+  the captured region computes (YOLOX's L1 term); a reason re-arms the CUDA graphs.
 The criterion: `loss, loss_items = criterion(preds, targets)` where `loss` is a scalar already
 multiplied by the batch size, and `loss_items` a detached 1-D tensor (never `.item()` in the
 step) whose entries are named by `criterion.item_names`.
@@ -65,10 +68,11 @@ class FamilySpec:
     criterion: Callable[[nn.Module, Any], Callable]  # (model, cfg) -> criterion
     weights_prefix: str                         # "LibreYOLO9" -> LibreYOLO9s.pt
     aliases: tuple[str, ...] = ()               # extra arch-name spellings ("yolov9")
-    tasks: tuple[str, ...] = ("detect",)
+    tasks: tuple[str, ...] = ("detect",)          # what it can do (tasks/); the first is its default
     defaults: dict[str, Any] = field(default_factory=dict)  # config overrides for this family
     capture: CapturePlan = CapturePlan("network")
     size_names: dict[str, str] = field(default_factory=dict)  # long spellings: {"tiny": "t"}
+    joiner: str = "-"                           # between name and size in the arch name: yolo9-t, resnet18
     # Where a size's published recipe differs from the family's: {"t": {"mixup": 0.0}}.
     size_defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -81,6 +85,7 @@ class FamilySpec:
         size ('yolox-t')."""
         from . import arch_name  # the registry module imports this one
 
-        sources = {key: (value, self.name) for key, value in self.defaults.items()}
+        sources = {"task": (self.tasks[0], self.name)}  # a model trains its family's first task unless told
+        sources.update({key: (value, self.name) for key, value in self.defaults.items()})
         sources.update({key: (value, arch_name(self, size)) for key, value in self.size_defaults.get(size, {}).items()})
         return sources

@@ -38,13 +38,13 @@ def plan(lib, data: str, overrides: dict[str, Any]) -> dict[str, Any]:
     epoch only runs when it is needed.
     """
     from ..config import build_config
-    from ..data import load_data_config
+    from ..tasks import task_for
 
     user = {**DEFAULTS, **overrides, "profile": True}
     # Without `profile`: only the batch and window sizes are needed here.
     cfg = build_config({**{k: v for k, v in user.items() if k != "profile"}, "model": lib.name, "data": data},
                        lib.source.defaults)
-    files = len(load_data_config(data).train)
+    files = len(task_for(lib.source.spec, cfg.task).load_data(data).train)
     per_epoch = max(math.ceil(files / cfg.batch), 1)
     user["epochs"] = math.ceil((cfg.profile_skip + cfg.profile_steps) / per_epoch) + 1
     return user
@@ -52,13 +52,15 @@ def plan(lib, data: str, overrides: dict[str, Any]) -> dict[str, Any]:
 
 def run_once(model: str, data: str, overrides: dict[str, Any]) -> Path:
     """Train with the profiler in this process; returns the run directory (holding profile.json)."""
+    from ..config import build_config
     from ..model import LibreYOLO
-    from .window import run_options
+    from .window import profiler_hooks
 
     lib = LibreYOLO(model)
     user = plan(lib, data, overrides)
-    with run_options(stop_after_window=True, print_report=False):
-        result = lib.train(data=data, **user)
+    # The window's hook stops training after the window and stays quiet: this command reports.
+    cfg = build_config({**user, "model": lib.name, "data": data}, lib.source.defaults)
+    result = lib.train(data=data, hooks=profiler_hooks(cfg, stop_after_window=True, print_report=False), **user)
     if not (result.run_dir / "profile.json").is_file():
         raise LibreYOLOError(f"the profile window did not complete in {result.run_dir} (see the log above)")
     return result.run_dir
@@ -66,7 +68,7 @@ def run_once(model: str, data: str, overrides: dict[str, Any]) -> Path:
 
 def run_trials(model: str, data: str, overrides: dict[str, Any], n: int) -> tuple[Path, dict]:
     """N trials, each in its own process, under one new run directory; returns (it, the aggregate)."""
-    from ..engine.trainer import make_run_dir
+    from ..engine.rundir import make_run_dir
     from ..model import LibreYOLO
 
     plan(LibreYOLO(model), data, overrides)  # a bad key or dataset fails here, once, not N times

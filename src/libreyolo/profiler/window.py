@@ -36,20 +36,7 @@ from . import markers
 
 log = logging.getLogger("libreyolo")
 
-# Set by `libreyolo profile run` (see run_options); plain `train profile=true` keeps the defaults.
-_OPTIONS = {"stop_after_window": False, "print_report": True}
 KERNEL_ROWS = 50  # kept in profile.json; the report shows the top 10
-
-
-@contextlib.contextmanager
-def run_options(*, stop_after_window: bool = False, print_report: bool = True):
-    """Within this block, profiler hooks stop training after their window and/or stay quiet."""
-    saved = dict(_OPTIONS)
-    _OPTIONS.update(stop_after_window=stop_after_window, print_report=print_report)
-    try:
-        yield
-    finally:
-        _OPTIONS.update(saved)
 
 
 def world_size() -> int:
@@ -61,11 +48,15 @@ def world_size() -> int:
         return 1
 
 
-def profiler_hooks(cfg) -> list[Hook]:
-    """The hooks the trainer appends for `cfg`: [ProfilerHook] when cfg.profile, else []."""
+def profiler_hooks(cfg, *, stop_after_window: bool = False, print_report: bool = True) -> list[Hook]:
+    """The hooks a training entry point adds for `cfg`: [ProfilerHook] when cfg.profile, else [].
+
+    `libreyolo profile run` asks for a hook that stops training after its window and stays quiet
+    (its own command prints the report)."""
     if not cfg.profile:
         return []
-    return [ProfilerHook(int(cfg.profile_skip), int(cfg.profile_steps))]
+    return [ProfilerHook(int(cfg.profile_skip), int(cfg.profile_steps), stop_after_window=stop_after_window,
+                         print_report=print_report)]
 
 
 class _Recorder:
@@ -112,8 +103,9 @@ class _Recorder:
 class ProfilerHook(Hook):
     """Measures `steps` training steps after skipping `skip`."""
 
-    def __init__(self, skip: int, steps: int):
+    def __init__(self, skip: int, steps: int, *, stop_after_window: bool = False, print_report: bool = True):
         self.skip, self.steps, self.first = skip, steps, max(1, steps // 2)
+        self.stop_after_window, self.print_report = stop_after_window, print_report
         self.state = "skip"  # skip -> first -> second -> done
         self.seen = 0
         self.marks: list[float] = []  # before_step times: the overhead comparison
@@ -163,7 +155,7 @@ class ProfilerHook(Hook):
     def after_epoch(self, trainer) -> None:
         if self.state != "done":
             return
-        if self.profile is not None and _OPTIONS["print_report"]:
+        if self.profile is not None and self.print_report:
             from .report import print_report
 
             print_report(self.profile)
@@ -219,7 +211,7 @@ class ProfilerHook(Hook):
     def _finish(self, trainer) -> None:
         stop_s = self._stop()
         self.state = "done"
-        if _OPTIONS["stop_after_window"]:
+        if self.stop_after_window:
             trainer.stop = True
         t = time.perf_counter()
         try:

@@ -1,0 +1,107 @@
+"""From a config and a model to what a step needs: placement, seeds, the step context.
+
+One builder for every caller, so `libreyolo bench step` times exactly the step training runs:
+the trainer, `bench`, the benchmarks and the GPU tests build through here.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import TrainConfig
+from ..families.base import FamilySpec
+from .ema import ModelEMA
+from .graphs import GraphManager
+from .optim import build_optimizer, resolve_auto
+from .precision import Precision
+from .step import StepContext
+
+log = logging.getLogger("libreyolo")
+
+
+def build_model(source, num_classes: int) -> nn.Module:
+    """The training model of a resolved model name (`model.ModelSource`) with `num_classes`
+    classes: built from its family, then every checkpoint tensor whose name and shape match
+    loaded into it (the EMA weights when the checkpoint has them). A class head of another size
+    starts fresh, said in one line."""
+    model = source.spec.build(source.size, num_classes)
+    ckpt = source.checkpoint
+    if ckpt is not None:
+        state = ckpt.get("ema") or ckpt["model"]
+        own = model.state_dict()
+        matched = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        model.load_state_dict(matched, strict=False)
+        if len(matched) < len(own):
+            log.info(f"transferred {len(matched)}/{len(own)} tensors from {source.path} (the rest, e.g. a "
+                     f"class head of another size, start fresh)")
+    return model
+
+
+def place_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
+    """`model` on `device`, in channels_last when `cfg.channels_last`: before the EMA copies it and
+    the graph manager sees it, which both need its final device and memory format."""
+    model = model.to(device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, device: torch.device) -> StepContext:
+    """Optimizer, precision, EMA and criterion for `model` (placed by `place_model`).
+
+    The trainer resolves `optimizer=auto` for its run length first; any other caller gets what
+    auto gives a short run (a fine-tune at defaults).
+    """
+    cfg, _ = resolve_auto(cfg, model.num_classes, optimizer_steps=1)
+    precision = Precision.create(cfg.amp, cfg.amp_dtype, device)
+    if precision.message:
+        log.info(precision.message)
+    # EMA before graphs: the manager must see the model in its final device and memory format.
+    ema = ModelEMA(model) if cfg.ema else None
+    # With cuda_graph off (or unsupported) this is a silent pass-through to `model.capturable`.
+    graphs = GraphManager.for_run(model, cfg, family, device, precision)
+    # The optimizer holds one flat tensor per parameter group (optim.flatten): clipping reads
+    # those few gradients, not one per parameter.
+    optimizer = build_optimizer(model, cfg, device_type=device.type)
+    return StepContext(model=model, capturable=graphs.step_callable, criterion=family.criterion(model, cfg),
+                       optimizer=optimizer, precision=precision,
+                       params=[p for group in optimizer.param_groups for p in group["params"]],
+                       clip_grad=cfg.clip_grad, ema=ema, device=device, channels_last=cfg.channels_last,
+                       graphs=graphs)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = not deterministic
+
+
+# cudnn_benchmark=auto turns autotuning on only for runs this long (steps per image size). On the
+# H200 (YOLOv9-t, batch 8, 640 px, float16, graphed) autotuning cost 13 s in the first epoch and
+# then saved 7.6 ms a step (2.36 s against 3.12 s per 100-step epoch): it pays for itself after
+# about 1,700 steps (docs/training-performance.md, "Fixed cost of a run").
+AUTOTUNE_MIN_STEPS = 2000
+
+
+def cudnn_autotune(cfg: TrainConfig, steps_per_epoch: int, sizes: int) -> tuple[bool, str | None]:
+    """(cudnn.benchmark for this run, a line saying why when `auto` decided).
+
+    Autotuning times every algorithm for each new convolution shape, so each training size (and
+    the validation shapes) pays it once; multi-scale runs pay it per size."""
+    if cfg.deterministic:
+        return False, None
+    if cfg.cudnn_benchmark != "auto":
+        return bool(cfg.cudnn_benchmark), None
+    steps = cfg.epochs * steps_per_epoch
+    on = steps >= AUTOTUNE_MIN_STEPS * sizes
+    per = f" over {sizes} image sizes" if sizes > 1 else ""
+    return on, (f"cudnn_benchmark=auto: {'on' if on else 'off'} ({steps} steps{per}; autotuning pays for "
+                f"itself after about {AUTOTUNE_MIN_STEPS} steps per size)")

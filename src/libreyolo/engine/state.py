@@ -1,0 +1,85 @@
+"""A run's training state in a checkpoint, and a resume from it.
+
+What a checkpoint holds beyond the weights: the optimizer (flat groups), the precision state
+(loss scaler), the EMA and its update count, the epoch, the last validation's metrics, the
+resolved config, every RNG (every rank's under multi-process training) and each hook's
+`state_dict` (the validation hook's best epoch, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+from . import checkpoint as ckpt_io
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+log = logging.getLogger("libreyolo")
+
+
+def training_state(trainer: Trainer) -> dict[str, Any]:
+    ema = trainer.ema
+    return {
+        "family": trainer.family.name, "size": trainer.size, "task": trainer.task.name,
+        "names": list(trainer.data_cfg.names),
+        "model": cpu_state(trainer.model), "ema": cpu_state(ema.ema) if ema else None,
+        "ema_updates": ema.updates if ema else 0,
+        "optimizer": trainer.optimizer.state_dict(), "precision": trainer.precision.state_dict(),
+        "epoch": trainer.epoch, "metrics": dict(trainer.metrics), "config": trainer.cfg.to_dict(),
+        "rng": ckpt_io.rng_state(),
+        "hooks": {type(h).__name__: h.state_dict() for h in trainer.hooks},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        # A multi-process run's every RNG, rank by rank: a resume on as many processes restores
+        # each; on another count rank 0 takes `rng` and the others start from seed + rank.
+        **({"rng_ranks": trainer.rank_rng} if trainer.rank_rng is not None else {}),
+    }
+
+
+def restore_training_state(trainer: Trainer, ckpt: dict) -> None:
+    """Load `ckpt` into a freshly built trainer; a damaged state is one CheckpointError line."""
+    try:
+        _restore(trainer, ckpt)
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        # The weights were checked by the caller; this is the rest of a damaged state.
+        raise CheckpointError(f"cannot resume: the checkpoint's training state is damaged "
+                              f"({type(exc).__name__}: {str(exc).strip()[:120]})") from None
+
+
+def _restore(trainer: Trainer, ckpt: dict) -> None:
+    trainer.model.load_state_dict(ckpt["model"])
+    if trainer.ema is not None and ckpt.get("ema") is not None:
+        trainer.ema.ema.load_state_dict(ckpt["ema"])
+        trainer.ema.updates = int(ckpt.get("ema_updates", 0))
+    try:
+        trainer.optimizer.load_state_dict(ckpt["optimizer"])
+    except ValueError as exc:  # torch's one-line group/size mismatch
+        raise CheckpointError(
+            f"cannot resume: the checkpoint's optimizer state does not fit this optimizer ({exc}); "
+            "a checkpoint from before the flat optimizer (one tensor per parameter group) cannot be "
+            "resumed: fine-tune from its weights instead (model=<checkpoint>)") from None
+    trainer.precision.load_state_dict(ckpt["precision"])
+    trainer.start_epoch = int(ckpt["epoch"]) + 1
+    trainer.metrics = dict(ckpt.get("metrics") or {})
+    world = trainer.world
+    ranks = ckpt.get("rng_ranks")
+    if isinstance(ranks, list) and len(ranks) == world.size:
+        ckpt_io.restore_rng_state(ranks[world.rank])
+    elif world.main:
+        ckpt_io.restore_rng_state(ckpt["rng"])
+    saved = ckpt.get("hooks", {})
+    for hook in trainer.hooks:
+        hook.load_state_dict(saved.get(type(hook).__name__, {}))
+    log.info(f"resuming from epoch {trainer.start_epoch + 1}/{trainer.cfg.epochs}")
+
+
+def cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}

@@ -1,0 +1,48 @@
+"""The task contract: what differs between detection, classification, ... and nothing else.
+
+A task is one module in `tasks/` that declares a `TaskSpec`; `tasks/__init__.py` registers it with
+one line. The step, precision, CUDA graphs, DDP and the profiler never look at the task: they see a
+batch with `images` (uint8 [B, 3, S, S]) and `targets` (anything with `.to(device)`), a model that
+follows the family contract (families/base.py) and a criterion. What the task decides:
+
+- its data: how `data=` resolves (`load_data`), the loaders and their batch type;
+- its evaluation: `evaluate` (model, loader, device, cfg, ...) -> metrics, the scalar metric names
+  (`metrics`, headline first) and how they are shown (`labels`), the non-scalar results that feed
+  results.html (`detail_keys`), and `fitness`, the one number that picks best.pt;
+- what `model.predict(images)` returns (`predicts`, the contract text) and how `val` prints a
+  report (`report`);
+- how `libreyolo bench step` saves and restores one batch (`pack_batch`, `unpack_batch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str                                   # registry name and the `task=` value: "detect"
+    display: str                                # "object detection"
+    metrics: tuple[str, ...]                    # scalar metrics, headline first: ("map50_95", "map50")
+    labels: dict[str, str]                      # as printed: {"map50_95": "mAP50-95"}
+    fitness: Callable[[dict[str, float]], float]  # metrics -> the number best.pt maximises
+    load_data: Callable[[str], Any]             # data= -> a dataset with .name, .names (class names)
+    train_loader: Callable[..., Any]            # (data, cfg, rank, world_size) -> training loader
+    val_loader: Callable[..., Any]              # (data, cfg, batch=None) -> validation loader
+    evaluate: Callable[..., dict[str, Any]]     # (model, loader, device, cfg, *, amp_dtype, names, progress)
+    report: Callable[[dict[str, Any]], None]    # print a validation's table (stderr)
+    pack_batch: Callable[[Any], dict]           # one batch -> {name: tensor} (bench step)
+    unpack_batch: Callable[[dict, bool], Any]   # ({name: tensor}, pin) -> the batch again
+    predicts: str                               # what model.predict(images) returns
+    data_help: str                              # the data= forms this task reads, for errors and help
+    detail_keys: tuple[str, ...] = ()           # evaluate()'s non-scalar results (results.html)
+
+    def summary(self, metrics: dict[str, Any], sep: str = " ") -> str:
+        """'mAP50-95 0.5123 mAP50 0.7012': the scalar metrics present in `metrics`, in order."""
+        return sep.join(f"{self.labels[k]} {metrics[k]:.4f}" for k in self.metrics if k in metrics)
+
+    def scalars(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """`metrics` without the detail keys: what checkpoints, results.csv and --json carry."""
+        return {k: v for k, v in metrics.items() if k not in self.detail_keys}

@@ -1,0 +1,73 @@
+"""Image classification: class-folder datasets, top-1/top-5 accuracy, probabilities from predict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import TaskSpec
+
+
+def _load_data(data: str):
+    from ..data import load_classify_data
+
+    return load_classify_data(data)
+
+
+def _train_loader(data, cfg, rank: int = 0, world_size: int = 1):
+    from ..data import build_classify_train_loader
+
+    return build_classify_train_loader(data, cfg, rank, world_size)
+
+
+def _val_loader(data, cfg, batch: int | None = None):
+    from ..data import build_classify_val_loader
+
+    return build_classify_val_loader(data, cfg, batch)
+
+
+def _evaluate(model, loader, device, cfg, *, amp_dtype=None, names=None, progress: bool = False) -> dict[str, Any]:
+    from ..eval.classify import evaluate_classify
+
+    return evaluate_classify(model, loader, device, amp_dtype=amp_dtype, names=names, progress=progress)
+
+
+def _report(metrics: dict[str, Any]) -> None:
+    from ..eval.table import print_classify_table
+
+    print_classify_table(metrics)
+
+
+def _pack(batch) -> dict:
+    return {"images": batch.images, "labels": batch.targets.labels}
+
+
+def _unpack(saved: dict, pin: bool):
+    from ..data import ClassBatch, ClassTargets
+
+    images = saved["images"].pin_memory() if pin else saved["images"]
+    return ClassBatch(images=images, targets=ClassTargets(saved["labels"]))
+
+
+def fitness(metrics: dict[str, float]) -> float:
+    """top-1 accuracy: the figure classification results are compared by."""
+    return metrics["top1"]
+
+
+SPEC = TaskSpec(
+    name="classify",
+    display="image classification",
+    metrics=("top1", "top5"),
+    labels={"top1": "top-1", "top5": "top-5"},
+    fitness=fitness,
+    load_data=_load_data,
+    train_loader=_train_loader,
+    val_loader=_val_loader,
+    evaluate=_evaluate,
+    report=_report,
+    pack_batch=_pack,
+    unpack_batch=_unpack,
+    predicts="[B, classes]: per-class probabilities (softmax), summing to 1 per image",
+    data_help="a built-in name (shapes-cls), a folder with train/<class>/ and val/<class>/ image folders, "
+              "or a yaml naming such folders (path, train, val)",
+    detail_keys=("per_class",),
+)

@@ -1,0 +1,75 @@
+"""Object detection: YOLO-format datasets, COCO box mAP (faster-coco-eval), boxes from predict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import TaskSpec
+
+
+def _load_data(data: str):
+    from ..data import load_data_config
+
+    return load_data_config(data)
+
+
+def _train_loader(data, cfg, rank: int = 0, world_size: int = 1):
+    from ..data import build_train_loader
+
+    return build_train_loader(data, cfg, rank, world_size)
+
+
+def _val_loader(data, cfg, batch: int | None = None):
+    from ..data import build_val_loader
+
+    return build_val_loader(data, cfg, batch)
+
+
+def _evaluate(model, loader, device, cfg, *, amp_dtype=None, names=None, progress: bool = False) -> dict[str, Any]:
+    from ..eval import evaluate
+
+    return evaluate(model, loader, device, conf=cfg.conf, iou=cfg.iou, max_det=cfg.max_det,
+                    amp_dtype=amp_dtype, names=names, progress=progress)
+
+
+def _report(metrics: dict[str, Any]) -> None:
+    from ..eval.table import print_class_table
+
+    print_class_table(metrics)
+
+
+def _pack(batch) -> dict:
+    return {"images": batch.images, "boxes": batch.targets.boxes, "labels": batch.targets.labels,
+            "valid": batch.targets.valid}
+
+
+def _unpack(saved: dict, pin: bool):
+    from ..data import Batch
+    from ..families.base import Targets
+
+    images = saved["images"].pin_memory() if pin else saved["images"]
+    return Batch(images=images, targets=Targets(saved["boxes"], saved["labels"], saved["valid"]))
+
+
+def fitness(metrics: dict[str, float]) -> float:
+    """0.9 mAP50-95 + 0.1 mAP50, the weighting YOLOv5-v9 pick their best checkpoint by."""
+    return 0.9 * metrics["map50_95"] + 0.1 * metrics["map50"]
+
+
+SPEC = TaskSpec(
+    name="detect",
+    display="object detection",
+    metrics=("map50_95", "map50"),
+    labels={"map50_95": "mAP50-95", "map50": "mAP50"},
+    fitness=fitness,
+    load_data=_load_data,
+    train_loader=_train_loader,
+    val_loader=_val_loader,
+    evaluate=_evaluate,
+    report=_report,
+    pack_batch=_pack,
+    unpack_batch=_unpack,
+    predicts="[B, N, 4 + classes]: boxes xyxy in input pixels, then per-class scores in [0, 1]",
+    data_help="a built-in name (shapes, coco128) or a YOLO dataset yaml (path, train, val, names)",
+    detail_keys=("per_class", "curves"),
+)
