@@ -6,8 +6,9 @@ images, or a list of those, relative to `path`) and `names` (a list, or a dict {
 
 Relative roots: a user yaml's relative `path` resolves against the yaml's folder; a packaged
 yaml's relative `path` resolves against `$LIBREYOLO_CACHE/datasets` (the package folder is no
-place for data). Packaged yamls may say `builtin: shapes` (generated on first use) or
-`download: FILE.zip` + `sha256:` (fetched on first use, see download.py).
+place for data). Packaged yamls may say `builtin: shapes` / `builtin: shapes-cls` (generated on
+first use) or `download: FILE.zip` + `sha256:` (fetched on first use, see download.py). `task:
+classify` marks a classification dataset (class folders, see classify.py); absent means detect.
 
 Labels are not read here: scanning and verifying happen when a split is built (labels.py).
 """
@@ -63,13 +64,30 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
             raise DataError(f"dataset yaml not found: {yaml_path}")
         raw = _parse_yaml(_read_text(yaml_path, "dataset yaml"), yaml_path)
     name = text if packaged else yaml_path.stem
+    _check_task(raw, name, "detect")
     names = _parse_names(raw, yaml_path)
     root = _resolve_root(raw, yaml_path, packaged)
     _materialise(raw, root, name)
     splits = {s: _split_files(raw, s, root, yaml_path) for s in ("train", "val")}
-    known = {"path", "train", "val", "names", "nc", "builtin", "download", "sha256"}
+    known = {"path", "train", "val", "names", "nc", "builtin", "download", "sha256", "task"}
     extra = {k: v for k, v in raw.items() if k not in known}
     return DataConfig(name, yaml_path, root, splits["train"], splits["val"], names, extra)
+
+
+TASK_WORDS = {"detect": "detection", "classify": "classification"}
+TASK_EXAMPLES = {"detect": "shapes", "classify": "shapes-cls"}
+
+
+def _check_task(raw: dict, name: str, task: str, default: str = "detect") -> None:
+    """A yaml may say `task: classify` (absent: `default`); the other task's loader refuses it in
+    one line instead of failing later on missing labels or class folders."""
+    given = raw.get("task", default)
+    if given == task:
+        return
+    if given not in TASK_WORDS:
+        raise DataError(f"dataset {name}: unknown task '{given}' (known: {', '.join(TASK_WORDS)})")
+    raise DataError(f"dataset {name} is a {TASK_WORDS[given]} dataset: train a {TASK_WORDS[given]} "
+                    f"model on it, or pick a {TASK_WORDS[task]} dataset (e.g. {TASK_EXAMPLES[task]})")
 
 
 def _is_builtin_name(text: str) -> bool:
@@ -124,11 +142,16 @@ def _materialise(raw: dict, root: Path, name: str) -> None:
     """Generate a builtin dataset or download a missing one before its files are listed."""
     builtin = raw.get("builtin")
     if builtin is not None:
-        if builtin != "shapes":
-            raise DataError(f"dataset {name}: unknown builtin '{builtin}' (known: shapes)")
-        from .shapes import ensure_shapes
+        if builtin == "shapes":
+            from .shapes import ensure_shapes
 
-        ensure_shapes(root)
+            ensure_shapes(root)
+        elif builtin == "shapes-cls":
+            from .shapes_cls import ensure_shapes_cls
+
+            ensure_shapes_cls(root)
+        else:
+            raise DataError(f"dataset {name}: unknown builtin '{builtin}' (known: shapes, shapes-cls)")
         return
     sha = raw.get("sha256")
     if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha)):

@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +40,23 @@ MARKER = "VERSION"
 
 def ensure_shapes(root: Path, seed: int = 0) -> Path:
     """Generate the dataset at `root` unless a complete one of this version is there."""
-    expected = _marker(seed)
+    return ensure_generated(root, _marker(seed), lambda tmp: generate_shapes(tmp, seed), "shapes",
+                            sum(SPLITS.values()))
+
+
+def ensure_generated(root: Path, expected: dict, generate: Callable[[Path], None], what: str,
+                     count: int) -> Path:
+    """Run `generate(tmp)` into a temp folder beside `root` and rename it into place, unless
+    root's MARKER already holds `expected`. The generator writes the marker last, so a folder
+    without it (interrupted, or an old version) is regenerated, and a reader never sees half a
+    dataset; two processes racing both generate and the first rename wins."""
     if _read_marker(root) == expected:
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = root.parent / f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     t0 = time.perf_counter()
     try:
-        generate_shapes(tmp, seed)
+        generate(tmp)
         if _read_marker(root) == expected:  # another process finished first: use theirs
             return root
         if root.exists():  # stale version or an old incomplete folder
@@ -57,8 +67,7 @@ def ensure_shapes(root: Path, seed: int = 0) -> Path:
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info("shapes: generated %d images in %.1f s at %s", sum(SPLITS.values()),
-             time.perf_counter() - t0, root)
+    log.info("%s: generated %d images in %.1f s at %s", what, count, time.perf_counter() - t0, root)
     return root
 
 
@@ -139,7 +148,12 @@ def _object_size(rng, cls: int, side: int) -> tuple[float, float]:
     medium, ~20 % large."""
     u = rng.random()
     lo, hi = (10, 32) if u < 0.35 else (32, 96) if u < 0.62 else (96, 0.6 * side)
-    s = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+    return shape_extent(rng, cls, float(np.exp(rng.uniform(np.log(lo), np.log(hi)))), side)
+
+
+def shape_extent(rng, cls: int, s: float, side: int) -> tuple[float, float]:
+    """Box (w, h) of a class-`cls` shape of scale `s`: ellipses elongated either way round,
+    the rest near square; at most 0.9 x side."""
     if NAMES[cls] == "ellipse":  # elongated, either way round
         aspect = rng.uniform(1.6, 2.4)
         bw, bh = (s * aspect, s) if rng.random() < 0.5 else (s, s * aspect)
