@@ -23,6 +23,10 @@
 #   diag             host launch cost and an eager YOLOv9-t step's CPU time by op (benchmarks/host_diag.py)
 #   ops              operators per step phase on CUDA, float16 autocast, b8 at 640 (benchmarks/op_count.py)
 #   bench-families-bs  bench step YOLOX-t and RTMDet-t batch 2 and 32 float16, eager and graphed
+#   bench-cls        bench step ResNet-18 and MobileNetV4-s batch 16 at 224 on shapes-cls: fp32 and float16,
+#                    each eager and graphed (peak memory in the records)
+#   train-cls        ResNet-18 and MobileNetV4-s from scratch on shapes-cls at 224, float16, graphed,
+#                    CLS_EPOCHS epochs (default 30): wall time and top-1
 #   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, 100 epochs
 #   train-yolox      YOLOX-t from scratch on shapes at 640, float16, graphed (capture invalidated
 #                    and re-taken when the L1 branch turns on at no_aug_epochs)
@@ -82,7 +86,7 @@ matrix() {  # matrix NAME ARGS...: bench step over models x batches, JSON after 
 train() {  # train NAME KEY=VALUE...: a training run; its results.csv and log come back
   local name=$1; shift
   local t0=$EPOCHREALTIME
-  python3 -m libreyolo train data=shapes project="$runs" name="$name" exist_ok=true "$@" \
+  python3 -m libreyolo train data="${DATA:-shapes}" project="$runs" name="$name" exist_ok=true "$@" \
     > "$out/$name.log" 2>&1
   local rc=$?
   echo "{\"name\": \"$name\", \"rc\": $rc, \"wall_s\": $(awk "BEGIN{print $EPOCHREALTIME - $t0}")}" >> "$out/walltimes.jsonl"
@@ -114,6 +118,14 @@ stage_run() {
     bench-matrix)
       matrix step_yolo9t_b2_b32 --models yolo9-t --batches 2 32 --arms $six
       matrix step_yolo9s --models yolo9-s --batches 8 2 32 --arms $six ;;
+    bench-cls)
+      matrix step_classifiers_b16 --models resnet18 mobilenetv4-s --batches 16 --imgsz 224 --data shapes-cls \
+        --arms fp32,fp32+graph,float16,float16+graph ;;
+    train-cls)
+      for m in resnet18 mobilenetv4-s; do
+        DATA=shapes-cls train "cls_$m" model=$m epochs=${CLS_EPOCHS:-30} batch=64 workers=8 amp_dtype=float16 \
+          cuda_graph=true
+      done ;;
     bench-families-bs)
       matrix step_families_b2_b32 --models yolox-t rtmdet-t --batches 2 32 --arms float16,float16+graph ;;
     train-yolo9)

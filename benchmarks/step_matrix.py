@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("--batches", nargs="+", type=int, default=[8])
     ap.add_argument("--arms", default="fp32,float16,bfloat16")
     ap.add_argument("--imgsz", type=int, default=640)
+    ap.add_argument("--data", default="shapes", help="dataset the batch comes from (shapes-cls for classifiers)")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=1, help="processes per arm (arms interleaved)")
@@ -33,7 +34,7 @@ def main() -> None:
     records = []
     for model in args.models:
         for batch in args.batches:
-            user = {"model": model, "data": "shapes", "batch": batch, "imgsz": args.imgsz, "device": args.device}
+            user = {"model": model, "data": args.data, "batch": batch, "imgsz": args.imgsz, "device": args.device}
             got = bench_step(user, args.arms.split(","), steps=args.steps, warmup=args.warmup, repeat=args.repeat)
             records += got
             print("\n".join(arm_table(got).splitlines()[2:]), file=sys.stderr, flush=True)  # progress

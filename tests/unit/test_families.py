@@ -1,4 +1,5 @@
-"""Registry-driven: the model and loss contract every registered family must keep.
+"""Registry-driven: the model and loss contract every registered detector must keep (the
+classifiers' is tests/unit/test_classifiers.py; the argument checks and norms below hold for all).
 
 Forward/backward finite for every size (with an empty image and an all-empty batch), the batched
 loss equal to per-image sums, channels_last equivalence, BN fusion, argument checks, and a
@@ -14,7 +15,9 @@ from libreyolo.errors import ConfigError
 from libreyolo.families import REGISTRY
 from libreyolo.families.base import Targets
 
-ALL_SIZES = [(f, s) for f in sorted(REGISTRY) for s in REGISTRY[f].sizes]
+DETECTORS = sorted(f for f, spec in REGISTRY.items() if "detect" in spec.tasks)
+ALL_SIZES = [(f, s) for f in DETECTORS for s in REGISTRY[f].sizes]
+EVERY_SIZE = [(f, s) for f in sorted(REGISTRY) for s in REGISTRY[f].sizes]
 
 
 def _yolox(model):
@@ -68,7 +71,7 @@ EMPTY_ZERO = {"yolo9": ("box", "dfl"), "yolox": ("box", "cls", "l1"), "rtmdet": 
 
 
 def test_every_family_has_its_settings():
-    assert set(OVERFIT) == set(REGISTRY) == set(EMPTY_ZERO)
+    assert set(OVERFIT) == set(DETECTORS) == set(EMPTY_ZERO)
 
 
 def _empty_targets(b):
@@ -102,7 +105,7 @@ def test_forward_backward_finite_every_size(family, size):
         assert model.net.head.reg_convs[0].conv.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("family", sorted(REGISTRY))
+@pytest.mark.parametrize("family", DETECTORS)
 def test_batch_loss_equals_per_image_sums(family):
     """Everything but the normaliser is per image, so the batched (vectorised) loss must equal
     sum_i raw_i / max(sum_i norm_i, 1) computed one image at a time."""
@@ -132,7 +135,7 @@ def test_batch_loss_equals_per_image_sums(family):
     assert batch_norm[1] == 0 and batch_raw[1, zero].abs().sum() == 0  # the empty image
 
 
-@pytest.mark.parametrize("family", sorted(REGISTRY))
+@pytest.mark.parametrize("family", DETECTORS)
 def test_loss_runs_in_float32_whatever_the_input_dtype(family):
     """The criterion casts what it consumes: bfloat16 outputs, or a call inside autocast, still
     give float32 loss items equal to the float32 call's."""
@@ -151,7 +154,7 @@ def test_loss_runs_in_float32_whatever_the_input_dtype(family):
     assert items_ac.dtype == torch.float32 and torch.allclose(items_ac, items, rtol=1e-6)
 
 
-@pytest.mark.parametrize("family", sorted(REGISTRY))
+@pytest.mark.parametrize("family", DETECTORS)
 def test_channels_last_matches_contiguous(family):
     spec = REGISTRY[family]
     torch.manual_seed(0)
@@ -198,7 +201,7 @@ def test_build_rejects_bad_arguments(family):
         spec.build(spec.sizes[0], 0)
 
 
-@pytest.mark.parametrize("family", sorted(REGISTRY))
+@pytest.mark.parametrize("family", DETECTORS)
 def test_overfit_four_images(family):
     size, lr, prepare = OVERFIT[family]
     spec = REGISTRY[family]
@@ -222,7 +225,7 @@ def test_overfit_four_images(family):
     assert losses[-5:].mean() < 0.5 * losses[:5].mean()
 
 
-@pytest.mark.parametrize("family, size", ALL_SIZES)
+@pytest.mark.parametrize("family, size", EVERY_SIZE)
 def test_every_size_trains_with_valid_defaults(family, size):
     from libreyolo.config import build_config
 

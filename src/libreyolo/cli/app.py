@@ -203,7 +203,8 @@ def val(ctx: typer.Context,
     else:
         from ..tasks import get_task
 
-        typer.echo(f"{get_task(metrics['task']).summary(metrics, sep="  ")}  ({metrics['num_images']} images)")
+        headline = get_task(metrics["task"]).summary(metrics, sep="  ")
+        typer.echo(f"{headline}  ({metrics['num_images']} images)")
 
 
 @app.command()

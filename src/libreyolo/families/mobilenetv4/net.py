@@ -4,6 +4,7 @@ dataset. timm is imported here only, so the other families never pay its import 
 from __future__ import annotations
 
 from ..classifier import Classifier
+from ..common import build_model
 
 ARCHS = {"s": "mobilenetv4_conv_small"}
 # Dropout before the classifier: 0.3 in the authors' Conv-S ImageNet config (tensorflow/models,
@@ -11,7 +12,13 @@ ARCHS = {"s": "mobilenetv4_conv_small"}
 DROPOUT = 0.3
 
 
-def build(size: str, num_classes: int) -> Classifier:
-    import timm
+class MobileNetV4(Classifier):
+    def __init__(self, size: str, num_classes: int):
+        import timm
 
-    return Classifier(timm.create_model(ARCHS[size], pretrained=False, num_classes=num_classes, drop_rate=DROPOUT), num_classes)
+        super().__init__(timm.create_model(ARCHS[size], pretrained=False, num_classes=num_classes,
+                                           drop_rate=DROPOUT), num_classes)
+
+
+def build(size: str, num_classes: int) -> MobileNetV4:
+    return build_model(MobileNetV4, "MobileNetV4", ARCHS, size, num_classes)
