@@ -16,10 +16,10 @@ import torch
 import yaml
 from torch import nn
 
+from ..atomic import write_json_atomic
 from ..config import TrainConfig
 from ..errors import CheckpointError, LibreYOLOError
 from ..families.base import FamilySpec
-from ..profiler.artifacts import write_json_atomic
 from ..profiler.markers import phase
 from ..profiler.window import profiler_hooks
 from . import checkpoint as ckpt_io

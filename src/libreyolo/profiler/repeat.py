@@ -19,9 +19,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_json_atomic
 from ..errors import LibreYOLOError
 from .analyze import stats
-from .artifacts import REPEAT_FILE, REPEAT_SCHEMA, SCHEMA_VERSION, write_json_atomic
+from .artifacts import REPEAT_FILE, REPEAT_SCHEMA, SCHEMA_VERSION
 
 log = logging.getLogger("libreyolo")
 
