@@ -1,7 +1,7 @@
 """Atomic file writes: write a temp file beside the target, then rename it over the target.
 
 A reader (or a kill -9 mid-write) then sees the old file or the new one, never half of one:
-`os.replace` within one folder is atomic on POSIX and Windows. The temp file is named
+`os.replace` within one folder is atomic on POSIX filesystems. The temp file is named
 `.<name>.<pid>-<token><suffix>` (default suffix `.tmp`) in the target's folder, so a write that a
 kill interrupted is recognisable afterwards (engine/checkpoint.remove_stale_temps globs
 `.*.pt.*.tmp`). No torch here: the profiler's readers and the CLI import this.
