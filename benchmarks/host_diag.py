@@ -23,8 +23,8 @@ sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
 from testkit import synthetic_batch  # noqa: E402
 
 from libreyolo.config import build_config  # noqa: E402
-from libreyolo.engine.step import train_step  # noqa: E402
 from libreyolo.engine.builder import build_step_context, seed_everything  # noqa: E402
+from libreyolo.engine.step import train_step  # noqa: E402
 from libreyolo.families import get_family  # noqa: E402
 
 

@@ -96,7 +96,7 @@ def inert_levers(arm: str, spec: Any, model: Any, device: Any) -> list[str]:
         elif got is not getattr(torch, dtype):
             reasons.append(f"{dtype} is not native on this GPU (it would run as float16)")
     if delta.get("cuda_graph"):
-        why = unsupported_reason(model, spec, device, distill=False)
+        why = unsupported_reason(model, spec, device)
         if why:
             reasons.append(why)
     return reasons

@@ -14,14 +14,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config import FIELDS, VAL_KEYS, TrainConfig, build_config
-from .errors import CheckpointError, ConfigError, DataError, LibreYOLOError, ModelNameError
-from .families import REGISTRY, arch_name, get_family, parse_arch, weights_name
+from .errors import CheckpointError, ConfigError, DataError, ModelNameError
+from .families import REGISTRY, arch_name, get_family, parse_arch, parse_official, weights_name
 from .families.base import FamilySpec
 from .logs import ensure_logging
 from .tasks import task_for
@@ -55,14 +54,6 @@ class ModelSource:
         return self.spec.defaults_for(self.size)
 
 
-def _official(name: str) -> tuple[FamilySpec, str] | None:
-    for spec in REGISTRY.values():
-        m = re.fullmatch(re.escape(spec.weights_prefix) + r"([a-z0-9]+)\.pt", name)
-        if m and m.group(1) in spec.sizes:
-            return spec, m.group(1)
-    return None
-
-
 def resolve_model(name: str) -> ModelSource:
     from .engine.checkpoint import load_checkpoint
 
@@ -75,7 +66,7 @@ def resolve_model(name: str) -> ModelSource:
         if ckpt["size"] not in spec.sizes:
             raise ModelNameError(f"checkpoint '{path}' names size '{ckpt['size']}' unknown to {spec.display}")
         return ModelSource(spec, ckpt["size"], ckpt, path)
-    official = _official(path.name)
+    official = parse_official(path.name)
     if official is not None:
         spec, size = official
         cached = cache_dir() / "weights" / path.name
@@ -101,7 +92,7 @@ def arch_of(name: str) -> tuple[FamilySpec, str]:
     `resolve_model`."""
     path = Path(name).expanduser() if isinstance(name, str) else None
     if path is not None and not path.is_file():
-        official = _official(path.name)
+        official = parse_official(path.name)
         if official is not None:
             return official
     source = resolve_model(name)  # a file or an architecture name: nothing to download

@@ -20,7 +20,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from .profiler.artifacts import write_text_atomic
+from .atomic import write_text_atomic
 
 PAGE = "results.html"
 # Text in every confusion-matrix cell up to this many classes; beyond, hover only (80 COCO classes

@@ -18,9 +18,9 @@ import torch
 from testkit import synthetic_batch
 
 from libreyolo.config import build_config
+from libreyolo.engine.builder import build_step_context
 from libreyolo.engine.graphs import GraphManager
 from libreyolo.engine.step import train_step
-from libreyolo.engine.builder import build_step_context
 from libreyolo.families import get_family
 
 pytestmark = pytest.mark.gpu

@@ -5,8 +5,8 @@ import torch
 from testkit import synthetic_batch
 
 from libreyolo.config import build_config
-from libreyolo.engine.step import train_step
 from libreyolo.engine.builder import build_step_context
+from libreyolo.engine.step import train_step
 from libreyolo.families import get_family
 
 

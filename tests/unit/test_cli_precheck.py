@@ -10,6 +10,7 @@ import pytest
 
 from libreyolo.cli import precheck
 from libreyolo.errors import LibreYOLOError
+from libreyolo.names import OFFICIAL_PREFIX
 
 
 def _message(fn, *args) -> str:
@@ -42,7 +43,7 @@ def test_what_only_the_full_checks_can_decide_passes(tmp_path):
     from libreyolo.families import REGISTRY
 
     # Official names may still be downloaded: every family's prefix is one the precheck leaves alone.
-    assert all(spec.weights_prefix.startswith(precheck.OFFICIAL_PREFIX) for spec in REGISTRY.values())
+    assert all(spec.weights_prefix.startswith(OFFICIAL_PREFIX) for spec in REGISTRY.values())
     (tmp_path / "w.pt").write_bytes(b"not a checkpoint")  # exists: its contents need torch
     for name in ("LibreYOLO9s.pt", "yolo9-t", "foo", str(tmp_path / "w.pt"), ""):
         precheck.check_model(name)

@@ -238,12 +238,11 @@ CUDA = torch.device("cuda")  # for_run decides without touching the device
     ({"device": torch.device("cpu")}, "CUDA graphs need a CUDA device (training on cpu)"),
     ({"family": SimpleNamespace(display="RT-DETR", capture=CapturePlan("none", "dynamic query count"))},
      "RT-DETR has no capturable region (dynamic query count)"),
-    ({"distill": True}, "not used with distillation"),
 ])
 def test_unsupported_runs_log_one_line_and_use_the_plain_module(libreyolo_log, case, expected):
-    args = {"family": FAMILY, "device": CUDA, "distill": False, **case}
+    args = {"family": FAMILY, "device": CUDA, **case}
     manager = GraphManager.for_run(MODEL, SimpleNamespace(cuda_graph=True), args["family"], args["device"],
-                                   PRECISION, distill=args["distill"], backend=FakeBackend())
+                                   PRECISION, backend=FakeBackend())
     assert manager.step_callable is MODEL.capturable
     [line] = lines(libreyolo_log)
     assert expected in line and line.startswith("cuda_graph=True ignored: ")

@@ -9,9 +9,9 @@ from rich.console import Console
 
 from libreyolo import LibreYOLO
 from libreyolo.engine import hooks as hooks_module
-from libreyolo.tasks import get_task
 from libreyolo.engine import trainer as T
 from libreyolo.engine.hooks import ProgressHook
+from libreyolo.tasks import get_task
 
 
 class FakeTrainer(SimpleNamespace):

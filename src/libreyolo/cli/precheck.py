@@ -14,21 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, DataError, ModelNameError
-
-# Every family's official weights name starts with this (LibreYOLO9s.pt, LibreYOLOXs.pt,
-# LibreRTMDets.pt): a missing file named so may be downloaded, so only the full check decides.
-OFFICIAL_PREFIX = "Libre"
-WEIGHTS_SUFFIXES = (".pt", ".pth")
+from ..names import is_missing_weights
 
 
 def check_model(name: Any) -> None:
     """A `model=` that names a weights file which does not exist (and cannot be downloaded)."""
-    if not isinstance(name, str) or not name.strip():
-        return  # the full check says what is wrong
-    path = Path(name).expanduser()
-    if path.suffix not in WEIGHTS_SUFFIXES or path.is_file() or path.name.startswith(OFFICIAL_PREFIX):
-        return
-    raise ModelNameError(f"weights file '{name}' does not exist")
+    if isinstance(name, str) and name.strip() and is_missing_weights(name):
+        raise ModelNameError(f"weights file '{name}' does not exist")
 
 
 def check_resume(resume: Any) -> None:

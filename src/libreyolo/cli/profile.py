@@ -8,7 +8,6 @@ another folder.
 from __future__ import annotations
 
 import json
-import re
 import sys
 
 import typer
@@ -33,13 +32,13 @@ RESERVED = {
 def resolve_weights(weights: str | None, size: str | None) -> str:
     """The model name to train: --weights by the model-name rules, --size where it applies."""
     from ..errors import ConfigError
-    from ..families import REGISTRY, arch_name
+    from ..families import REGISTRY
+    from ..names import arch_name, parse_family, parse_size
 
-    spec = REGISTRY[DEFAULT_FAMILY] if weights is None else _family(weights)
+    spec = REGISTRY[DEFAULT_FAMILY] if weights is None else parse_family(weights)
     if spec is not None:  # absent, or a family name: --size picks the size
-        wanted = (size or (DEFAULT_SIZE if DEFAULT_SIZE in spec.sizes else spec.sizes[0])).lower()
-        wanted = spec.size_names.get(wanted, wanted)
-        if wanted not in spec.sizes:
+        wanted = parse_size(spec, size or (DEFAULT_SIZE if DEFAULT_SIZE in spec.sizes else spec.sizes[0]))
+        if wanted is None:
             raise ConfigError(f"unknown size '{size}' for {spec.display} (allowed: {', '.join(spec.sizes)})")
         return arch_name(spec, wanted)
     if size is None:
@@ -47,21 +46,10 @@ def resolve_weights(weights: str | None, size: str | None) -> str:
     from ..model import resolve_model
 
     source = resolve_model(weights)
-    wanted = source.spec.size_names.get(size.lower(), size.lower())
-    if wanted != source.size:
+    if parse_size(source.spec, size) != source.size:
         raise ConfigError(f"--size {size} contradicts '{weights}', which is {source.arch}; drop --size or "
                           f"choose other weights")
     return weights
-
-
-def _family(name: str):
-    from ..families import REGISTRY
-
-    flat = re.sub(r"[-_ ]", "", name.strip().lower())
-    for spec in REGISTRY.values():
-        if flat in {spec.name, *spec.aliases, re.sub(r"[-_ ]", "", spec.display.lower())}:
-            return spec
-    return None
 
 
 @profile_app.command(context_settings=EXTRA)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..atomic import atomic_path
 from ..errors import ConfigError
 
 log = logging.getLogger("libreyolo")
@@ -70,11 +71,10 @@ class ImageCache:
                  self.folder, len(todo))
 
     def _write_npy(self, i: int) -> None:
-        # Write to a temp name and rename, so an interrupted fill never leaves a torn .npy.
-        target = self._npy(i)
-        tmp = target.with_name(f".{target.stem}.{os.getpid()}.tmp.npy")
-        np.save(tmp, self.loader(self.files[i]).numpy())
-        os.replace(tmp, target)
+        # Atomic, so an interrupted fill never leaves a torn .npy. Saved through a file object:
+        # np.save would append `.npy` to a temp path that lacks it.
+        with atomic_path(self._npy(i)) as tmp, tmp.open("wb") as f:
+            np.save(f, self.loader(self.files[i]).numpy())
 
 
 def _disk_folder(files: list[Path], imgsz: int) -> Path:

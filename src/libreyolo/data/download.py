@@ -20,6 +20,7 @@ import uuid
 import zipfile
 from pathlib import Path, PurePosixPath
 
+from ..atomic import atomic_path
 from ..errors import DataError
 
 log = logging.getLogger("libreyolo")
@@ -77,14 +78,8 @@ def _download(url: str, dest: Path, name: str, root: Path) -> str:
 
 def download_file(url: str, dest: Path) -> Path:
     """Download `url` to `dest` through a temp file + rename; one-line DataError on failure."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    os.close(fd)
-    try:
-        _download(url, Path(tmp), dest.name, dest)
-        os.replace(tmp, dest)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_path(dest, suffix=".part") as tmp:
+        _download(url, tmp, dest.name, dest)
     return dest
 
 

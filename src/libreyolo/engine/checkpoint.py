@@ -7,9 +7,7 @@ graphed, compiled or DDP-wrapped module.
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..atomic import atomic_path
 from ..errors import CheckpointError
 
 SCHEMA = 1
@@ -25,21 +24,14 @@ MAGIC = "libreyolo-checkpoint"
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     """Write `payload` to `path` through a temp file + rename, so no half-written file remains."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save({"format": MAGIC, "schema": SCHEMA, **payload}, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return Path(path)
 
 
 def remove_stale_temps(folder: str | Path) -> list[Path]:
-    """Delete the temp files of checkpoint writes that a kill interrupted (`.last.pt.*.tmp`).
+    """Delete the temp files of checkpoint writes that a kill interrupted (`.last.pt.*.tmp`, the
+    names atomic.atomic_path gives).
 
     Called when a run or a resume starts in `folder`: no write of this run is under way yet, and
     a run directory is written by one training at a time."""

@@ -115,7 +115,7 @@ class GraphManager:
     # --- construction for a run ------------------------------------------------------------------
     @classmethod
     def for_run(cls, model: nn.Module, cfg: Any, family: Any, device: torch.device, precision: Any,
-                *, distill: bool = False, backend: CaptureBackend | None = None) -> GraphManager:
+                *, backend: CaptureBackend | None = None) -> GraphManager:
         """The manager for one training run: armed, or off with one log line saying why.
 
         `step_callable` is what `StepContext.capturable` should be either way.
@@ -123,7 +123,7 @@ class GraphManager:
         module = model.capturable
         if not getattr(cfg, "cuda_graph", False):
             return cls.off(module, None)
-        reason = unsupported_reason(model, family, device, distill)
+        reason = unsupported_reason(model, family, device)
         if reason == MULTI_PROCESS:
             log.info(f"cuda_graph=true: {reason} ({_world_size()} processes); training eager")
             return cls.off(module, reason)
@@ -238,7 +238,7 @@ class GraphManager:
 MULTI_PROCESS = "not available under multi-GPU training"
 
 
-def unsupported_reason(model: nn.Module, family: Any, device: torch.device, distill: bool) -> str | None:
+def unsupported_reason(model: nn.Module, family: Any, device: torch.device) -> str | None:
     """Why this run cannot use CUDA graphs, or None."""
     if isinstance(model, nn.parallel.DistributedDataParallel) or _world_size() > 1:
         return MULTI_PROCESS
@@ -247,8 +247,6 @@ def unsupported_reason(model: nn.Module, family: Any, device: torch.device, dist
         return f"{family.display} has no capturable region ({plan.reason or plan.region})"
     if device.type != "cuda":
         return f"CUDA graphs need a CUDA device (training on {device.type})"
-    if distill:
-        return "not used with distillation (the teacher's forward is not part of the graph)"
     return None
 
 

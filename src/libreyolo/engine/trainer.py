@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..profiler.artifacts import write_json_atomic
+from ..atomic import write_json_atomic
 from ..config import TrainConfig
 from ..families import arch_name
 from ..families.base import FamilySpec

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
 from ..errors import ModelNameError
+from ..names import arch_name, parse_arch, parse_official, weights_name  # noqa: F401 (re-exported)
 from .base import FamilySpec
 
 REGISTRY: dict[str, FamilySpec] = {}
@@ -31,32 +30,6 @@ def get_family(name: str) -> FamilySpec:
     if spec is None:
         raise ModelNameError(f"unknown family '{name}' (known: {', '.join(REGISTRY)})")
     return spec
-
-
-def parse_arch(name: str) -> tuple[FamilySpec, str] | None:
-    """'yolo9-t', 'YOLOv9-t', 'yolo9t', 'yolov9_tiny' -> (yolo9 spec, 't'); None if not an arch name.
-
-    Case-insensitive; '-', '_' and spaces between family and size are optional. The longest family
-    spelling that prefixes the name wins, so a family called 'yolo' could never swallow 'yolo9'.
-    """
-    flat = re.sub(r"[-_ ]", "", name.strip().lower())
-    spellings = sorted(((s, spec) for spec in REGISTRY.values() for s in (spec.name, *spec.aliases)),
-                       key=lambda p: -len(p[0]))
-    for spelling, spec in spellings:
-        if flat.startswith(spelling):
-            rest = flat[len(spelling):]
-            size = spec.size_names.get(rest, rest)
-            if size in spec.sizes:
-                return spec, size
-    return None
-
-
-def arch_name(spec: FamilySpec, size: str) -> str:
-    return f"{spec.name}{spec.joiner}{size}"
-
-
-def weights_name(spec: FamilySpec, size: str) -> str:
-    return f"{spec.weights_prefix}{size}.pt"
 
 
 from .mobilenetv4.spec import SPEC as _MOBILENETV4  # noqa: E402

@@ -265,11 +265,6 @@ def aggregate(rows: Iterable[tuple[str, float]], top: int | None = 10) -> list[d
     return out if top is None else out[:top]
 
 
-def kernel_table(trace: dict, top: int = 10) -> list[dict]:
-    """Kernels aggregated by name: count, total ms, mean us, share of kernel time."""
-    return aggregate(((e["name"], e["end"] - e["ts"]) for e in busy_events(trace) if e["cat"] == "kernel"), top)
-
-
 def stats(values: Iterable[float | None]) -> dict:
     """mean, std (sample), median, min, max of the non-None values; all None when there are none."""
     v = [float(x) for x in values if x is not None]

@@ -12,10 +12,10 @@ is ever left behind:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_json_atomic, write_text_atomic
 from ..errors import ProfileFormatError
 from . import analyze as A
 
@@ -35,33 +35,6 @@ SUMMARY_KEYS = ("verdict", "step_ms_mean", "step_ms_std", "utilisation", "kernel
 
 
 # --- writing ------------------------------------------------------------------------------------
-def write_text_atomic(path: Path, text: str) -> Path:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def write_json_atomic(path: Path, obj: Any, indent: int | None = 1, clean: bool = True) -> Path:
-    """`clean`: replace NaN/inf by null first (skip it for large objects known to be finite)."""
-    return write_text_atomic(path, json.dumps(_finite(obj) if clean else obj, indent=indent, allow_nan=False) + "\n")
-
-
-def _finite(obj: Any) -> Any:
-    """NaN/inf become null: JSON has no spelling for them and strict readers reject the extension."""
-    if isinstance(obj, float):
-        return A.finite(obj)
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def summary(profile: dict) -> dict:
     """profile_summary.json: headline figures under stable keys, plus what was measured."""
     head, run = profile["headline"], profile["run"]

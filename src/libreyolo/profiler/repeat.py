@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_json_atomic
 from ..errors import LibreYOLOError
+from ..worker import answer, run_worker
 from .analyze import stats
-from .artifacts import REPEAT_FILE, REPEAT_SCHEMA, SCHEMA_VERSION, write_json_atomic
+from .artifacts import REPEAT_FILE, REPEAT_SCHEMA, SCHEMA_VERSION
 
 log = logging.getLogger("libreyolo")
 
@@ -79,13 +79,11 @@ def run_trials(model: str, data: str, overrides: dict[str, Any], n: int) -> tupl
         trial = {**overrides, "project": str(parent), "name": f"{base}_{i}", "exist_ok": True}
         log.info(f"profile: trial {i}/{n} in {parent / trial['name']}")
         spec = json.dumps({"model": model, "data": data, "overrides": trial})
-        # stderr passes through (the trial's log); stdout carries the trial's run directory.
-        proc = subprocess.run([sys.executable, "-m", "libreyolo.profiler.repeat", spec], stdout=subprocess.PIPE,
-                              text=True, env={**os.environ})
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            raise LibreYOLOError(f"profile trial {i}/{n} failed (exit code {proc.returncode}); see the messages above")
-        dirs.append(Path(lines[-1]))
+        # stderr passes through (the trial's log); the result is the trial's run directory.
+        res = run_worker("libreyolo.profiler.repeat", [spec], pass_stderr=True)
+        if not res.ok:
+            raise LibreYOLOError(f"profile trial {i}/{n} failed (exit code {res.returncode}); see the messages above")
+        dirs.append(Path(res.result))
     summaries = [json.loads((d / "profile_summary.json").read_text()) for d in dirs]
     rep = aggregate(summaries, dirs)
     write_json_atomic(parent / REPEAT_FILE, rep)
@@ -108,18 +106,14 @@ def aggregate(summaries: list[dict], dirs: list[Path]) -> dict:
             "verdicts": verdicts, "verdict": top, "verdict_count": count}
 
 
-def _trial(spec_json: str) -> None:
-    """One trial, in a fresh process started by run_trials."""
+def _trial(spec_json: str) -> str:
+    """One trial, in a fresh process started by run_trials; returns its run directory."""
     from ..cli.app import setup_logging
 
     setup_logging()
     spec = json.loads(spec_json)
-    print(run_once(spec["model"], spec["data"], spec["overrides"]), flush=True)
+    return str(run_once(spec["model"], spec["data"], spec["overrides"]))
 
 
 if __name__ == "__main__":
-    try:
-        _trial(sys.argv[1])
-    except LibreYOLOError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    answer(lambda: _trial(sys.argv[1]))
