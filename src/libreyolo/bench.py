@@ -21,9 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -309,14 +307,12 @@ def bench_step(user: dict[str, Any], arms: list[str], steps: int = 24, warmup: i
 
 def _run_arm_process(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
     from .errors import ConfigError
+    from .worker import run_worker
 
-    proc = subprocess.run([sys.executable, "-m", "libreyolo.bench", str(workdir), arm, str(steps), str(warmup)],
-                          capture_output=True, text=True, env={**os.environ})
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        message = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(f"bench arm '{arm}' failed: {message}")
-    return json.loads(lines[-1])
+    got = run_worker("libreyolo.bench", [str(workdir), arm, str(steps), str(warmup)])
+    if not got.ok:
+        raise ConfigError(f"bench arm '{arm}' failed: {got.error}")
+    return got.result
 
 
 def _combine(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -349,11 +345,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
 
 
 if __name__ == "__main__":  # the per-arm worker process
-    from .errors import LibreYOLOError
+    from .worker import answer
 
     _workdir, _arm, _steps, _warmup = sys.argv[1:5]
-    try:
-        print(json.dumps(run_arm(Path(_workdir), _arm, int(_steps), int(_warmup))))
-    except LibreYOLOError as exc:
-        print(exc, file=sys.stderr)
-        sys.exit(2)
+    answer(lambda: run_arm(Path(_workdir), _arm, int(_steps), int(_warmup)))

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ..atomic import atomic_path
+
 if TYPE_CHECKING:
     from .trainer import Trainer
 
@@ -193,10 +195,8 @@ class ResultsHook(Hook):
             if not kept:
                 path.unlink()
                 return
-            tmp = path.with_suffix(".csv.tmp")
-            with tmp.open("w", newline="") as f:
+            with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
                 csv.writer(f).writerows(rows[:1] + kept)
-            tmp.replace(path)
 
     def before_epoch(self, trainer: Trainer) -> None:
         self._t0 = time.perf_counter()
