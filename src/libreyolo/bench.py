@@ -128,6 +128,7 @@ def prepare(user: dict[str, Any], workdir: Path, arms: list[str] | None = None) 
 
     lib = LibreYOLO(user["model"])
     task = task_for(lib.source.spec, user.get("task"))
+    user = {"data": task.builtin_data, **user}
     cfg = build_config({**user, "workers": 0, "val": False}, lib.source.defaults)
     data_cfg = task.load_data(cfg.data)
     torch.manual_seed(cfg.seed)

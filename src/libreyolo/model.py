@@ -143,9 +143,9 @@ class LibreYOLO:
         resume = user.get("resume", False)
         if resume not in (False, None, "", "false"):
             return self._resume(user, hooks)
-        if not user.get("data"):
-            raise ConfigError("no dataset given: pass data=NAME or data=path/to/data.yaml (e.g. data=shapes)")
         task = task_for(self.source.spec, user.get("task"))
+        if not user.get("data"):
+            raise ConfigError(f"no dataset given: pass data=NAME ({task.data_help})")
         cfg = build_config(user, self.source.defaults)
         device = select_device(cfg.device)
         data_cfg = task.load_data(cfg.data)
@@ -254,11 +254,11 @@ class LibreYOLO:
                 raise ConfigError(unknown_key_message(key, VAL_KEYS))
         trained, origin = inference_args(self.source, user)
         user.update(trained)
-        if not user.get("data"):
-            raise ConfigError("no dataset given: pass data=NAME or data=path/to/data.yaml (e.g. data=shapes)")
-        user.setdefault("model", self.name)
         ckpt = self.source.checkpoint
         task = task_for(self.source.spec, (ckpt or {}).get("task"))
+        if not user.get("data"):
+            raise ConfigError(f"no dataset given: pass data=NAME ({task.data_help})")
+        user.setdefault("model", self.name)
         cfg = build_config(user, self.source.defaults)
         device = select_device(cfg.device)
         try:

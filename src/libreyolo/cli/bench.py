@@ -26,7 +26,8 @@ def step(ctx: typer.Context,
          as_json: bool = typer.Option(False, "--json", help="One JSON list of per-arm records on stdout.")) -> None:
     """Time the real training step: libreyolo bench step model=yolo9-t batch=8 imgsz=640 [key=value ...]
 
-    The dataloader is left out: one real batch of `data` (default shapes) is replayed. Each arm runs
+    The dataloader is left out: one real batch of `data` (default: the task's built-in set, shapes or
+    shapes-cls) is replayed. Each arm runs
     in its own process from the same saved initial state; the fastest and median of --steps steps
     after --warmup are reported, with kernel-busy time and utilisation on CUDA, a synced breakdown
     (forward / loss / backward / optimizer+EMA) and peak memory.
@@ -41,7 +42,6 @@ def step(ctx: typer.Context,
     arms = arm_tokens[-1].split("=", 1)[1] if arm_tokens else arms
     tokens = [t for t in ctx.args if not t.startswith("arms=")]
     user = parse_overrides(tokens)
-    user.setdefault("data", "shapes")
     if "model" not in user:
         from ..errors import ConfigError
 

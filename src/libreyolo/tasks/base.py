@@ -37,6 +37,7 @@ class TaskSpec:
     unpack_batch: Callable[[dict, bool], Any]   # ({name: tensor}, pin) -> the batch again
     predicts: str                               # what model.predict(images) returns
     data_help: str                              # the data= forms this task reads, for errors and help
+    builtin_data: str                           # the generated offline set: bench's default data=
     detail_keys: tuple[str, ...] = ()           # evaluate()'s non-scalar results (results.html)
 
     def summary(self, metrics: dict[str, Any], sep: str = " ") -> str:

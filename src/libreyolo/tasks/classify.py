@@ -69,5 +69,6 @@ SPEC = TaskSpec(
     predicts="[B, classes]: per-class probabilities (softmax), summing to 1 per image",
     data_help="a built-in name (shapes-cls), a folder with train/<class>/ and val/<class>/ image folders, "
               "or a yaml naming such folders (path, train, val)",
+    builtin_data="shapes-cls",
     detail_keys=("per_class",),
 )

@@ -71,5 +71,6 @@ SPEC = TaskSpec(
     unpack_batch=_unpack,
     predicts="[B, N, 4 + classes]: boxes xyxy in input pixels, then per-class scores in [0, 1]",
     data_help="a built-in name (shapes, coco128) or a YOLO dataset yaml (path, train, val, names)",
+    builtin_data="shapes",
     detail_keys=("per_class", "curves"),
 )

@@ -1,0 +1,152 @@
+"""The classifiers from the real `libreyolo` command and from Python: train on the built-in set
+and on a hand-made class-folder dataset, validate, resume, bench, profile, and every bad input
+(one line, exit code 2, nothing written)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.io import write_png
+
+from libreyolo import LibreYOLO
+
+FAST = ["imgsz=64", "batch=8", "workers=0", "device=cpu"]
+
+
+def _folder(root: Path, classes=("cat", "dog"), per_class: int = 6, val_classes=None) -> Path:
+    """A tiny class-folder dataset: train/<class>/*.png and val/<class>/*.png, each class its own
+    colour so it can be learned."""
+    gen = torch.Generator().manual_seed(0)
+    for split, names in (("train", classes), ("val", val_classes or classes)):
+        for c, name in enumerate(names):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                img = (torch.rand(3, 40, 40, generator=gen) * 60).to(torch.uint8)
+                img[c % 3] += 150
+                write_png(img, str(folder / f"{i}.png"))
+    return root
+
+
+def _files(path: Path) -> set[str]:
+    return {str(p.relative_to(path)) for p in path.rglob("*")}
+
+
+def test_train_on_the_builtin_set_then_val(cli, tmp_path):
+    proc = cli("train", "model=resnet18", "data=shapes-cls", "epochs=2", *FAST, "--json",
+               env={"LIBREYOLO_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["task"] == "classify" and set(out["metrics"]) >= {"top1", "top5", "loss", "num_images"}
+    assert out["metrics"]["num_images"] == 200 and 0.0 <= out["metrics"]["top1"] <= out["metrics"]["top5"] <= 1.0
+    run = Path(out["run_dir"])
+    header = (run / "results.csv").read_text().splitlines()[0].split(",")
+    assert header == ["epoch", "train/cls", "lr", "top1", "top5", "seconds", "skipped_steps"]
+    page = (run / "results.html").read_text()
+    assert "top-1" in page and "circle" in page  # the per-class table of the last validation
+    assert "training ResNet-18 (image classification) on shapes-cls" in proc.stderr
+    assert "top-1 " in proc.stderr and "mAP" not in proc.stderr
+    val = cli("val", f"model={out['best']}", "device=cpu", "workers=0", env={"LIBREYOLO_CACHE": str(tmp_path / "cache")})
+    assert val.returncode == 0, val.stderr[-2000:]
+    assert val.stdout.startswith("top-1 ") and "top-5" in val.stdout and "(200 images)" in val.stdout
+    assert "imgsz 64 (from the checkpoint's training arguments)" in val.stderr
+    assert "triangle_outline" in val.stderr  # the per-class table
+
+
+def test_train_on_a_hand_made_folder_from_python(tmp_path):
+    data = _folder(tmp_path / "pets")
+    result = LibreYOLO("mobilenetv4-s").train(data=str(data), epochs=2, imgsz=64, batch=4, workers=0, device="cpu",
+                                              project=str(tmp_path / "runs"))
+    assert result.task == "classify" and result.epochs_run == 2
+    assert result.metrics["num_images"] == 12 and 0.0 <= result.metrics["top1"] <= 1.0
+    assert result.best.is_file()
+    metrics = LibreYOLO(str(result.best)).val(device="cpu", workers=0)
+    assert metrics["task"] == "classify" and [r["class"] for r in metrics["per_class"]] == ["cat", "dog"]
+    assert metrics["top5"] == 1.0  # two classes: the label is always among the top 5
+
+
+def test_a_folder_named_without_a_slash_and_resume(cli, tmp_path):
+    _folder(tmp_path / "pets")
+    proc = cli("train", "model=resnet18", "data=pets", "epochs=3", "save_period=1", *FAST, "name=r")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    weights = tmp_path / "runs/train/r/weights"
+    ckpt = torch.load(weights / "epoch1.pt", map_location="cpu", weights_only=True)
+    assert ckpt["task"] == "classify" and ckpt["names"] == ["cat", "dog"] and ckpt["config"]["task"] == "classify"
+    assert ckpt["hooks"]["ValidationHook"]["best_epoch"] == 0
+    again = cli("train", f"resume={weights / 'epoch1.pt'}")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming from epoch 2/3" in again.stderr and "top-1" in again.stderr
+    rows = (tmp_path / "runs/train/r/results.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3"]  # the resumed epochs replace the first run's
+
+
+@pytest.mark.parametrize("model, task, said", [
+    ("resnet18", "detect", "ResNet cannot do task=detect (it does: classify)"),
+    ("yolo9-t", "classify", "YOLOv9 cannot do task=classify (it does: detect)"),
+])
+def test_a_task_the_family_cannot_do_is_one_line(cli, tmp_path, model, task, said):
+    _folder(tmp_path / "pets")
+    proc = cli("train", f"model={model}", "data=pets", f"task={task}", "epochs=1", *FAST)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert said in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_detector_on_a_classification_set_is_one_line(cli, tmp_path):
+    proc = cli("train", "model=yolo9-t", "data=shapes-cls", "epochs=1", *FAST,
+               env={"LIBREYOLO_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "classification" in proc.stderr and not (tmp_path / "runs").exists()
+
+
+def _corrupt(root):
+    (root / "train/cat/0.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
+
+
+def _empty_class(root):
+    for p in (root / "train/dog").iterdir():
+        p.unlink()
+
+
+def _no_class_folders(root):
+    for d in (root / "train").iterdir():
+        for p in d.iterdir():
+            p.rename(root / "train" / f"{d.name}_{p.name}")
+        d.rmdir()
+
+
+def _clash(root):
+    (root / "val/cat").rename(root / "val/kitten")
+
+
+@pytest.mark.parametrize("damage, said", [
+    (_corrupt, "0.png"), (_empty_class, "dog"), (_no_class_folders, "class folder"), (_clash, "kitten"),
+])
+def test_bad_classification_data_is_one_line_and_writes_nothing(cli, tmp_path, damage, said):
+    data = _folder(tmp_path / "pets")
+    damage(data)
+    before = _files(tmp_path)
+    proc = cli("train", "model=resnet18", f"data={data}", "epochs=1", *FAST)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], proc.stderr
+    assert _files(tmp_path) == before
+
+
+def test_bench_step_times_a_classifier(cli, tmp_path):
+    _folder(tmp_path / "pets")
+    proc = cli("bench", "step", "model=resnet18", "data=pets", "batch=4", "imgsz=64", "device=cpu", "arms=eager",
+               "--steps", "3", "--warmup", "1", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [record] = json.loads(proc.stdout)
+    assert record["arch"] == "resnet18" and record["step_ms_median"] > 0
+
+
+def test_profile_run_on_a_classifier(cli, tmp_path):
+    _folder(tmp_path / "pets", per_class=12)
+    proc = cli("profile", "run", "pets", "--weights", "resnet18", "batch=4", "imgsz=64", "device=cpu", "workers=0",
+               "profile_skip=1", "profile_steps=4", "optimizer=sgd", "--json", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["arch"] == "resnet18" and summary["verdict"]
