@@ -28,13 +28,26 @@ def _batch(seed: int, n: int = 16, size: int = 224, classes: int = 10) -> ClassB
     return ClassBatch(images.pin_memory(), ClassTargets(torch.randint(0, classes, (n,), generator=gen)))
 
 
-def _context(family: str, **over):
+def _context(family: str, dropout: bool = True, **over):
     spec = REGISTRY[family]
     size = spec.sizes[0]
     cfg = build_config({"model": arch_name(spec, size), "batch": 16, **over}, spec.defaults_for(size))
     torch.manual_seed(0)
     model = place_model(spec.build(size, 10), cfg, DEVICE).train()
+    if not dropout:
+        _no_dropout(model)
     return cfg, spec, model, build_step_context(cfg, spec, model, DEVICE)
+
+
+def _no_dropout(model):
+    """Dropout draws a new mask each step, and a replay draws its own from the graph's RNG offsets:
+    two runs compared step for step must have no random op. (timm's heads drop with F.dropout and
+    a `drop_rate` attribute; torchvision's ResNet has none.)"""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if hasattr(m, "drop_rate"):
+            m.drop_rate = 0.0
 
 
 @pytest.mark.parametrize("family", CLASSIFIERS)
@@ -57,8 +70,8 @@ def test_graphed_step_matches_eager(family):
     saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:
-        cfg, spec, _, eager = _context(family, amp=True, amp_dtype="bfloat16")
-        _, _, model, graphed = _context(family, amp=True, amp_dtype="bfloat16")
+        cfg, spec, _, eager = _context(family, dropout=False, amp=True, amp_dtype="bfloat16")
+        _, _, model, graphed = _context(family, dropout=False, amp=True, amp_dtype="bfloat16")
         manager = GraphManager.for_run(model, dataclasses.replace(cfg, cuda_graph=True), spec, DEVICE,
                                        graphed.precision)
         graphed.capturable = manager.step_callable
@@ -70,6 +83,22 @@ def test_graphed_step_matches_eager(family):
         assert stats["enabled"] and stats["replayed_steps"] == 8 and stats["captured_shapes"] == [[16, 3, 224, 224]]
     finally:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
+
+
+def test_dropout_draws_a_new_mask_on_every_replay():
+    """MobileNetV4 trains with dropout 0.3 before its classifier: a replayed graph must not reuse
+    the captured mask: two replays of the same batch give different logits."""
+    cfg, spec, model, ctx = _context("mobilenetv4", amp=True, amp_dtype="bfloat16")
+    manager = GraphManager.for_run(model, dataclasses.replace(cfg, cuda_graph=True), spec, DEVICE, ctx.precision)
+    images = torch.rand(16, 3, 224, 224, device=DEVICE)
+    outs = []
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        for _ in range(6):
+            (logits,) = manager(images)
+            outs.append(logits.detach().clone())
+            logits.float().sum().backward()  # a replay waits for its backward before the next
+    assert manager.stats()["replayed_steps"] >= 3
+    assert not torch.equal(outs[-1], outs[-2])
 
 
 @pytest.mark.parametrize("family", CLASSIFIERS)
