@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from libreyolo.engine.builder import build_model
 from libreyolo.engine.checkpoint import save_checkpoint
 from libreyolo.errors import ModelNameError
 from libreyolo.families import get_family
@@ -179,7 +180,7 @@ def test_checkpoint_naming_unknown_arch(tmp_path, cache, family, size, match):
 def test_build_with_another_class_count_transfers_matching_tensors(tmp_path, cache, libreyolo_log):
     path = tmp_path / "three.pt"
     saved = _make_checkpoint(path)
-    model = LibreYOLO(str(path))._build(5)
+    model = build_model(LibreYOLO(str(path)).source, 5)
     state = model.state_dict()
     assert model.num_classes == 5
     assert torch.equal(state[STEM], saved[STEM])
@@ -195,7 +196,7 @@ def test_build_prefers_ema_weights(tmp_path, cache):
     ema = get_family("yolo9").build("t", len(NAMES)).state_dict()
     ema[STEM] = torch.full_like(ema[STEM], -0.5)
     _make_checkpoint(path, ema=ema)
-    state = LibreYOLO(str(path))._build(len(NAMES)).state_dict()
+    state = build_model(LibreYOLO(str(path)).source, len(NAMES)).state_dict()
     assert torch.equal(state[STEM], ema[STEM])
 
 

@@ -9,6 +9,9 @@ from testkit import CHROMIUM, NEEDS_CHROMIUM, chromium_render, ink
 from libreyolo.eval.coco import coco_evaluator
 from libreyolo.eval.details import details
 from libreyolo.plots import render, write_results_html
+from libreyolo.tasks import get_task
+
+DETECT = get_task("detect")
 
 NAMES = ["cat", "dog", "<b>bird</b></script>"]
 META = {"arch": "yolo9-t", "data": "shapes", "epoch": "3/3", "imgsz": 64, "batch": 8, "best epoch": 3,
@@ -38,7 +41,7 @@ def _details():
 
 def test_page_is_self_contained_and_escapes_names(tmp_path):
     _write_csv(tmp_path)
-    page = write_results_html(tmp_path, _details(), META).read_text()
+    page = write_results_html(tmp_path, DETECT, _details(), META).read_text()
     assert page.startswith("<!DOCTYPE html>") and [p.name for p in tmp_path.iterdir()] == ["results.csv",
                                                                                            "results.html"]
     assert "<script src=" not in page and page.count("Plotly.newPlot") == 4  # curves, PR, F1, confusion
@@ -49,15 +52,15 @@ def test_page_is_self_contained_and_escapes_names(tmp_path):
 
 
 def test_a_run_without_validation_gets_its_training_curves():
-    page = render([{"epoch": "1", "train/box": "2.0", "lr": "0.01", "map50_95": "", "map50": ""}], None, META)
+    page = render([{"epoch": "1", "train/box": "2.0", "lr": "0.01", "map50_95": "", "map50": ""}], DETECT, None, META)
     assert page.count("Plotly.newPlot") == 1 and "No validation has run yet" in page
-    assert render([], None, {}).count("Plotly.newPlot") == 1  # even an empty results.csv draws
+    assert render([], DETECT, None, {}).count("Plotly.newPlot") == 1  # even an empty results.csv draws
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason=NEEDS_CHROMIUM)
 def test_results_page_renders_in_headless_chromium(tmp_path):
     _write_csv(tmp_path, epochs=5)
-    page = write_results_html(tmp_path, _details(), META)
+    page = write_results_html(tmp_path, DETECT, _details(), META)
     html = page.read_text()
     dom, shot = chromium_render(page, tmp_path, window="1280,2400")
     assert dom.count('class="main-svg"') >= html.count("Plotly.newPlot") == 4  # every figure drawn

@@ -133,6 +133,15 @@ def test_resume_continues_the_same_schedule():
     assert sched2.lr_at(3, 5) == history[3 * spe + 5][:3]
 
 
+def test_step_schedule_is_three_equal_stages():
+    """lr_schedule=step with lrf 0.01 is torchvision's ResNet recipe: x0.1 at epochs 30 and 60 of 90."""
+    _, sched = make(cfg(lr_schedule="step", epochs=90, lr0=0.1))
+    lr = [sched.epoch_lr(e) for e in range(90)]
+    assert lr[0] == lr[29] == pytest.approx(0.1)
+    assert lr[30] == lr[59] == pytest.approx(0.01)
+    assert lr[60] == lr[89] == pytest.approx(0.001)
+
+
 def test_bad_schedule_name_is_a_config_error():
     with pytest.raises(ConfigError):
-        make(cfg(lr_schedule="step"))
+        make(cfg(lr_schedule="exponential"))

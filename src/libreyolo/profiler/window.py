@@ -376,7 +376,7 @@ def _run_metadata(trainer) -> dict:
     cfg, device = trainer.cfg, trainer.device
     cuda = device.type == "cuda"
     return {"model": cfg.model, "family": trainer.family.name, "size": trainer.size,
-            "arch": f"{trainer.family.name}-{trainer.size}", "data": trainer.data_cfg.name,
+            "arch": trainer.arch, "data": trainer.data_cfg.name,
             "device": str(device), "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
             "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
             "batch": cfg.batch, "imgsz": cfg.imgsz, "workers": cfg.workers, "cache": cfg.cache,
