@@ -40,14 +40,14 @@ def test_train_on_the_builtin_set_then_val(cli, tmp_path):
     out = json.loads(proc.stdout)
     assert out["task"] == "classify" and set(out["metrics"]) >= {"top1", "top5", "loss", "num_images"}
     assert out["metrics"]["num_images"] == 200 and 0.0 <= out["metrics"]["top1"] <= out["metrics"]["top5"] <= 1.0
-    run = Path(out["run_dir"])
+    run = tmp_path / out["run_dir"]
     header = (run / "results.csv").read_text().splitlines()[0].split(",")
     assert header == ["epoch", "train/cls", "lr", "top1", "top5", "seconds", "skipped_steps"]
     page = (run / "results.html").read_text()
     assert "top-1" in page and "circle" in page  # the per-class table of the last validation
     assert "training ResNet-18 (image classification) on shapes-cls" in proc.stderr
     assert "top-1 " in proc.stderr and "mAP" not in proc.stderr
-    val = cli("val", f"model={out['best']}", "device=cpu", "workers=0", env={"LIBREYOLO_CACHE": str(tmp_path / "cache")})
+    val = cli("val", f"model={tmp_path / out['best']}", "device=cpu", "workers=0", env={"LIBREYOLO_CACHE": str(tmp_path / "cache")})
     assert val.returncode == 0, val.stderr[-2000:]
     assert val.stdout.startswith("top-1 ") and "top-5" in val.stdout and "(200 images)" in val.stdout
     assert "imgsz 64 (from the checkpoint's training arguments)" in val.stderr

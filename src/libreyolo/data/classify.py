@@ -246,7 +246,20 @@ def image_ok(path: Path) -> bool:
         complete = int.from_bytes(head[4:8], "little") + 8 == size
     else:
         complete = False
-    return complete or decode(path) is not None
+    return complete or _pil_decodes(path)
+
+
+def _pil_decodes(path: Path) -> bool:
+    """A full decode by PIL, which says nothing on failure (torchvision's PNG decoder lets libpng
+    print its complaint on stderr, a second line beside ours)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            img.load()
+    except Exception:  # PIL raises many types for a bad file: OSError, SyntaxError, ValueError, ...
+        return False
+    return True
 
 
 def decode(path: Path) -> torch.Tensor | None:
