@@ -11,8 +11,6 @@ after the last epoch. Arms:
 
     ours-graph, ours-eager       our defaults, with and without cuda_graph=true
     ours-sgd-graph               ours with SGD lr0 0.01 (the peer's SGD arm's optimizer)
-    ours-graph-g1                ours-graph with YOLOv9's box branch ungrouped, as the peer's
-                                 (benchmarks/ungrouped_box.py; the peer's parameter count exactly)
     peer-default, peer-sgd       the peer at its defaults (optimizer=auto), and with SGD lr0 0.01
 
 An arm may add keys: `ours-graph+cudnn_benchmark=false` is ours-graph with that key set.
@@ -39,7 +37,6 @@ HERE = Path(__file__).resolve().parent
 SHARED = {"mosaic": 1.0, "mixup": 0.0, "scale": 0.5}
 ARMS = {
     "ours-graph": {"cuda_graph": "true"},
-    "ours-graph-g1": {"cuda_graph": "true"},  # YOLOv9's box branch ungrouped, as the peer's (ungrouped_box.py)
     "ours-eager": {},
     "ours-sgd-graph": {"cuda_graph": "true", "optimizer": "sgd", "lr0": "0.01"},
     "peer-default": {"optimizer": "auto"},
@@ -72,8 +69,7 @@ def run_ours(arm: str, args, data: Path, seed: int, work: Path) -> dict:
             "no_aug_epochs": 0, "eval_interval": args.epochs, "device": args.device,
             "project": str(work), "name": f"{arm}-s{seed}", "exist_ok": "true",
             **SHARED, **arm_keys(arm), **dict(kv.split("=", 1) for kv in args.ours_extra)}
-    entry = [str(HERE / "ungrouped_box.py")] if arm.split("+")[0] == "ours-graph-g1" else ["-m", "libreyolo"]
-    cmd = [sys.executable, *entry, "train", *(f"{k}={v}" for k, v in keys.items()), "--json"]
+    cmd = [sys.executable, "-m", "libreyolo", "train", *(f"{k}={v}" for k, v in keys.items()), "--json"]
     t0 = time.time()
     out = _run(cmd, work / f"{arm}-s{seed}.log")
     wall = time.time() - t0

@@ -17,10 +17,25 @@ from libreyolo.families.yolo9.spec import SPEC
 # removed, BatchNorm folded into the convs and RepConvN branches merged (the authors' val/export
 # path calls fuse() before counting). GFLOPs there are thop MACs x 2; FlopCounterMode also counts a
 # convolution as 2 x MACs and ignores BN/activations/pooling, like thop's conv count, so the two
-# conventions agree. Measured here: t 2.002M 7.71G, s 7.106M 26.38G, m 19.97M 76.28G,
-# c 25.29M 102.14G (train form, unfused: t 2.04M 7.79G, s 7.23M 26.71G, m 20.11M 76.77G,
-# c 25.50M 102.82G).
+# conventions agree. Those figures count the paper's DDetect box branch, whose middle 3x3 conv and
+# final 1x1 have 4 groups; ours has groups=1 there, as the peer trainer's YOLOv9 does (it learned
+# more per epoch: mAP50-95 0.764 against 0.724 after 5 epochs, docs/training-performance.md). The
+# test removes exactly that difference (3/4 of those two convs' weights and MACs) and holds the
+# rest to the published figures. Measured here, deploy form: t 2.094M 8.23G, s 7.198M 26.89G,
+# m 20.06M 76.79G, c 25.38M 102.65G (the grouped head: t 2.002M 7.71G, s 7.106M 26.38G,
+# m 19.97M 76.28G, c 25.29M 102.14G).
 PUBLISHED = {"t": (2.0e6, 7.7), "s": (7.1e6, 26.4), "m": (20.0e6, 76.3), "c": (25.3e6, 102.1)}
+
+
+def _grouping_difference(model, px):
+    """(params, GFLOPs at px) that 4 groups in each box branch's middle 3x3 and final 1x1 save."""
+    params = flops = 0.0
+    for box, stride in zip(model.net.head.box, (8, 16, 32)):
+        for conv in (box[1].conv, box[2]):
+            saved = conv.weight.numel() * 3 / 4
+            params += saved
+            flops += 2 * saved * (px // stride) ** 2
+    return params, flops / 1e9
 
 
 def _gflops(model, px):
@@ -37,9 +52,10 @@ def test_params_and_gflops_match_published(size):
     model.fuse()  # deploy form: what the published figures count
     params = sum(p.numel() for p in model.parameters())
     gflops = _gflops(model, 640)
+    saved_params, saved_gflops = _grouping_difference(model, 640)
     want_params, want_gflops = PUBLISHED[size]
-    assert abs(params / want_params - 1) < 0.02, params
-    assert abs(gflops / want_gflops - 1) < 0.02, gflops
+    assert abs((params - saved_params) / want_params - 1) < 0.02, params
+    assert abs((gflops - saved_gflops) / want_gflops - 1) < 0.02, gflops
     # Fusion removes BN affine params and the 1x1 RepConvN branches, never adds any.
     assert params < train_params < params * 1.03
 
