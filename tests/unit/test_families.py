@@ -14,6 +14,10 @@ from libreyolo.errors import ConfigError
 from libreyolo.families import REGISTRY
 from libreyolo.families.base import Targets
 
+# Tiny tensors gain nothing from intra-op threads, and on a busy 2-core runner two threads made
+# one of these tests take 75 s instead of 12 (conftest.py, `one_thread`).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ALL_SIZES = [(f, s) for f in sorted(REGISTRY) for s in REGISTRY[f].sizes]
 
 
