@@ -15,6 +15,9 @@ from libreyolo.config import build_config
 from libreyolo.data import ClassTargets
 from libreyolo.families import REGISTRY
 
+# Tiny tensors gain nothing from intra-op threads (conftest.py, `one_thread`).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 CLASSIFIERS = sorted(f for f, spec in REGISTRY.items() if "classify" in spec.tasks)
 
 # Parameters at 1000 classes, as published: torchvision's ResNet-18 (11,689,512 in its weights'

@@ -15,6 +15,10 @@ from libreyolo.errors import ConfigError
 from libreyolo.families import REGISTRY
 from libreyolo.families.base import Targets
 
+# Tiny tensors gain nothing from intra-op threads, and on a busy 2-core runner two threads made
+# one of these tests take 75 s instead of 12 (conftest.py, `one_thread`).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 DETECTORS = sorted(f for f, spec in REGISTRY.items() if "detect" in spec.tasks)
 ALL_SIZES = [(f, s) for f in DETECTORS for s in REGISTRY[f].sizes]
 EVERY_SIZE = [(f, s) for f in sorted(REGISTRY) for s in REGISTRY[f].sizes]

@@ -9,6 +9,10 @@ from libreyolo import LibreYOLO
 from libreyolo.engine.meter import NonFiniteLossError
 from libreyolo.families.yolo9.loss import YOLO9Loss
 
+# Tiny tensors gain nothing from intra-op threads, and on a busy 2-core runner two threads made
+# one of these tests take 75 s instead of 12 (conftest.py, `one_thread`).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TINY = dict(data="shapes", imgsz=64, batch=8, device="cpu", workers=0, amp=False, val=False, log_interval=10)
 
 
