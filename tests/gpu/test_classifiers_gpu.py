@@ -1,6 +1,6 @@
 """Registry-driven, on CUDA: every classifier's step is sync-free under float16 and bfloat16,
-its graphed step matches the eager one through the real step (the whole network captured), its
-CUDA predictions match the CPU's, and it trains from the command line on the built-in set."""
+its graphed step matches the eager one through the real step (the whole network captured), and
+it trains from the command line on the built-in set."""
 
 import dataclasses
 import json
@@ -98,18 +98,6 @@ def test_dropout_draws_a_new_mask_on_every_replay():
     assert manager.stats()["replayed_steps"] == 4  # the third call captures and replays
     replayed = torch.stack(losses[2:]).flatten()
     assert torch.isfinite(replayed).all() and len(set(replayed.tolist())) == 4, replayed
-
-
-@pytest.mark.parametrize("family", CLASSIFIERS)
-def test_predict_on_cuda_matches_cpu(family):
-    spec = REGISTRY[family]
-    torch.manual_seed(0)
-    model = spec.build(spec.sizes[0], 3).eval()
-    x = torch.rand(2, 3, 64, 64)
-    with torch.no_grad():
-        ref = model.predict(x)
-        got = model.to("cuda").predict(x.cuda()).cpu()
-    assert torch.allclose(ref, got, atol=1e-3)
 
 
 @pytest.mark.parametrize("family", CLASSIFIERS)

@@ -46,7 +46,7 @@ from .dataset_yaml import (
     _read_text,
     _resolve_root,
 )
-from .loader import EpochBatchSampler, _dataloader, _one_thread
+from .loader import EpochBatchSampler, EpochLoader, _dataloader, _one_thread
 
 log = logging.getLogger("libreyolo")
 
@@ -362,7 +362,7 @@ def _iterate(loader: torch.utils.data.DataLoader):
     return _raise_unreadable(it if loader.num_workers else _one_thread(it))
 
 
-class ClassTrainLoader:
+class ClassTrainLoader(EpochLoader):
     """Iterable of training ClassBatches; call `set_epoch(epoch)` at each epoch start."""
 
     def __init__(self, dataset: ClassTrainDataset, cfg, rank: int = 0, world_size: int = 1):
@@ -374,24 +374,9 @@ class ClassTrainLoader:
         self.loader = _dataloader(dataset, cfg, int(cfg.seed) + int(rank), batch_sampler=self.sampler,
                                   collate_fn=collate)
         self._fresh = False
-        self.set_epoch(0)
+        self.set_epoch(0)  # order and augmentation are keyed by the epoch (SampleKey)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Reseed order and augmentation for `epoch` (keys carry it to persistent workers)."""
-        self.sampler.epoch = epoch
-        self._fresh = True
-
-    @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def __iter__(self):
-        if not self._fresh:  # iterated again without set_epoch: move on to the next epoch
-            self.set_epoch(self.sampler.epoch + 1)
-        self._fresh = False
+    def _batches(self):
         return _iterate(self.loader)
 
 

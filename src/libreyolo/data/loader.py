@@ -172,7 +172,38 @@ def _dataloader(dataset, cfg, seed: int, **kw) -> torch.utils.data.DataLoader:
         generator=torch.Generator().manual_seed(seed), **kw)
 
 
-class TrainLoader:
+class EpochLoader:
+    """What the training loaders share: an EpochBatchSampler `sampler` behind a DataLoader
+    `loader`, `set_epoch(epoch)` at each epoch start (the subclass says what else it reseeds), and
+    iterating again without it moves on to the next epoch."""
+
+    sampler: EpochBatchSampler
+    loader: torch.utils.data.DataLoader
+    _fresh: bool
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.epoch = epoch
+        self._fresh = True
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        if not self._fresh:
+            self.set_epoch(self.sampler.epoch + 1)
+        self._fresh = False
+        return self._batches()
+
+    def _batches(self):
+        it = iter(self.loader)
+        return it if self.loader.num_workers else _one_thread(it)
+
+
+class TrainLoader(EpochLoader):
     """Iterable of training Batches; call `set_epoch(epoch)` at each epoch start."""
 
     def __init__(self, dataset: TrainDataset, cfg, rank: int = 0, world_size: int = 1):
@@ -200,24 +231,9 @@ class TrainLoader:
                 log.info("epoch %d: mosaic and mixup closed for the last %d epochs", epoch + 1,
                          cfg.no_aug_epochs)
         self._closed = closed
-        self.sampler.epoch = epoch
         self.sampler.mosaic = 0.0 if closed else float(cfg.mosaic)
         self.sampler.mixup = 0.0 if closed else float(cfg.mixup)
-        self._fresh = True
-
-    @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def __iter__(self):
-        if not self._fresh:  # iterated again without set_epoch: move on to the next epoch
-            self.set_epoch(self.sampler.epoch + 1)
-        self._fresh = False
-        it = iter(self.loader)
-        return it if self.loader.num_workers else _one_thread(it)
+        super().set_epoch(epoch)
 
 
 class ValLoader:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import PerImageLoss
+from .common import PerImageLoss, YOLOStyleModel
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -31,27 +31,19 @@ class Normalized(nn.Module):
         return (self.net((images - self.mean) / self.std),)
 
 
-class Classifier(nn.Module):
-    """Training model (families/base.py contract) for a classification network."""
+class Classifier(YOLOStyleModel):
+    """Training model (families/base.py contract) for a classification network: as for the
+    single-stage detectors, the whole network (here from the normalisation to the logits) is the
+    capturable region and nothing eager follows it."""
 
     def __init__(self, net: nn.Module, num_classes: int):
         super().__init__()
-        self.body = Normalized(net)
+        self.net = Normalized(net)
         self.num_classes = int(num_classes)
 
-    @property
-    def capturable(self) -> nn.Module:
-        return self.body
-
-    def forward_train(self, captured: tuple[torch.Tensor, ...], targets=None) -> tuple[torch.Tensor, ...]:
-        return captured
-
-    def forward(self, images: torch.Tensor):
-        return self.body(images) if self.training else self.predict(images)
-
-    def predict(self, images: torch.Tensor) -> torch.Tensor:
+    def decode(self, raw: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """[B, classes] probabilities."""
-        return self.body(images)[0].float().softmax(dim=1)
+        return raw[0].float().softmax(dim=1)
 
 
 class ClassifierLoss(PerImageLoss):

@@ -221,8 +221,9 @@ def dfl_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- the shared contract
 class YOLOStyleModel(nn.Module):
-    """The training-model contract for single-stage families (families/base.py): `self.net` is the
-    whole network, so it is what CUDA graphs capture and nothing eager remains after it.
+    """The training-model contract for single-stage families (families/base.py), the classifiers
+    included: `self.net` is the whole network, so it is what CUDA graphs capture and nothing eager
+    remains after it.
     Subclasses set `self.net` and define `decode(raw maps) -> [B, A, 4 + nc]`."""
 
     net: nn.Module

@@ -16,9 +16,20 @@ follows the family contract (families/base.py) and a criterion. What the task de
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+
+def lazy(module: str, name: str) -> Callable[..., Any]:
+    """`module.name`, imported at the first call: a task module stays free of the data, eval and
+    torch imports until a task is actually used (the CLI answers `--help` without them)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
 @dataclass(frozen=True)

@@ -4,37 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import TaskSpec
-
-
-def _load_data(data: str):
-    from ..data import load_classify_data
-
-    return load_classify_data(data)
-
-
-def _train_loader(data, cfg, rank: int = 0, world_size: int = 1):
-    from ..data import build_classify_train_loader
-
-    return build_classify_train_loader(data, cfg, rank, world_size)
-
-
-def _val_loader(data, cfg, batch: int | None = None):
-    from ..data import build_classify_val_loader
-
-    return build_classify_val_loader(data, cfg, batch)
+from .base import TaskSpec, lazy
 
 
 def _evaluate(model, loader, device, cfg, *, amp_dtype=None, names=None, progress: bool = False) -> dict[str, Any]:
     from ..eval.classify import evaluate_classify
 
     return evaluate_classify(model, loader, device, amp_dtype=amp_dtype, names=names, progress=progress)
-
-
-def _report(metrics: dict[str, Any]) -> None:
-    from ..eval.table import print_classify_table
-
-    print_classify_table(metrics)
 
 
 def _pack(batch) -> dict:
@@ -59,11 +35,11 @@ SPEC = TaskSpec(
     metrics=("top1", "top5"),
     labels={"top1": "top-1", "top5": "top-5"},
     fitness=fitness,
-    load_data=_load_data,
-    train_loader=_train_loader,
-    val_loader=_val_loader,
+    load_data=lazy("libreyolo.data", "load_classify_data"),
+    train_loader=lazy("libreyolo.data", "build_classify_train_loader"),
+    val_loader=lazy("libreyolo.data", "build_classify_val_loader"),
     evaluate=_evaluate,
-    report=_report,
+    report=lazy("libreyolo.eval.table", "print_classify_table"),
     pack_batch=_pack,
     unpack_batch=_unpack,
     predicts="[B, classes]: per-class probabilities (softmax), summing to 1 per image",

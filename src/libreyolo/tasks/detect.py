@@ -4,25 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import TaskSpec
-
-
-def _load_data(data: str):
-    from ..data import load_data_config
-
-    return load_data_config(data)
-
-
-def _train_loader(data, cfg, rank: int = 0, world_size: int = 1):
-    from ..data import build_train_loader
-
-    return build_train_loader(data, cfg, rank, world_size)
-
-
-def _val_loader(data, cfg, batch: int | None = None):
-    from ..data import build_val_loader
-
-    return build_val_loader(data, cfg, batch)
+from .base import TaskSpec, lazy
 
 
 def _evaluate(model, loader, device, cfg, *, amp_dtype=None, names=None, progress: bool = False) -> dict[str, Any]:
@@ -30,12 +12,6 @@ def _evaluate(model, loader, device, cfg, *, amp_dtype=None, names=None, progres
 
     return evaluate(model, loader, device, conf=cfg.conf, iou=cfg.iou, max_det=cfg.max_det,
                     amp_dtype=amp_dtype, names=names, progress=progress)
-
-
-def _report(metrics: dict[str, Any]) -> None:
-    from ..eval.table import print_class_table
-
-    print_class_table(metrics)
 
 
 def _pack(batch) -> dict:
@@ -62,11 +38,11 @@ SPEC = TaskSpec(
     metrics=("map50_95", "map50"),
     labels={"map50_95": "mAP50-95", "map50": "mAP50"},
     fitness=fitness,
-    load_data=_load_data,
-    train_loader=_train_loader,
-    val_loader=_val_loader,
+    load_data=lazy("libreyolo.data", "load_data_config"),
+    train_loader=lazy("libreyolo.data", "build_train_loader"),
+    val_loader=lazy("libreyolo.data", "build_val_loader"),
     evaluate=_evaluate,
-    report=_report,
+    report=lazy("libreyolo.eval.table", "print_class_table"),
     pack_batch=_pack,
     unpack_batch=_unpack,
     predicts="[B, N, 4 + classes]: boxes xyxy in input pixels, then per-class scores in [0, 1]",
