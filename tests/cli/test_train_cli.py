@@ -43,8 +43,9 @@ def test_train_two_epochs_then_val(cli, tmp_path):
     page = (run_dir / "results.html").read_text()
     assert "<td>all</td><td>32</td><td>506</td>" in page and page.count("Plotly.newPlot") == 4
 
-    # The checkpoint was trained at 128 px on shapes: val takes both from it, and says so.
-    val = cli("val", f"model={out['best']}", "batch=8", "device=cpu", "workers=0", "--json")
+    # The checkpoint was trained at 128 px on shapes: val takes both from it, and says so. last.pt
+    # holds the EMA weights the last epoch validated (best.pt may be an earlier epoch's).
+    val = cli("val", f"model={run_dir / 'weights' / 'last.pt'}", "batch=8", "device=cpu", "workers=0", "--json")
     assert val.returncode == 0, val.stderr
     metrics = json.loads(val.stdout)
     assert (metrics["imgsz"], metrics["data"], metrics["num_images"]) == (128, "shapes", 32)
