@@ -274,7 +274,7 @@ class LibreYOLO:
         with checking_inputs():
             if ckpt is None:
                 log.warning(f"validating {self.arch} with random weights (no checkpoint given)")
-            model = build_model(self.source, len(data_cfg.names)).to(device).eval()
+            model = build_model(self.source, len(data_cfg.names), exact=True).to(device).eval()
             precision = Precision.create(cfg.amp, cfg.amp_dtype, device)
             loader = task.val_loader(data_cfg, cfg)
         used = ", ".join(f"{k} {getattr(cfg, k)} ({_ORIGIN[origin[k]]})" for k in INFERENCE_KEYS)

@@ -158,3 +158,11 @@ def test_profile_run_on_a_classifier(cli, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["arch"] == "resnet18" and summary["verdict"]
+
+
+def test_a_detector_on_a_class_folder_is_one_line(cli, tmp_path):
+    _folder(tmp_path / "pets")
+    proc = cli("train", "model=yolo9-t", "data=pets", "epochs=1", *FAST)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "data=pets is a folder: a detector reads a dataset yaml" in proc.stderr
+    assert not (tmp_path / "runs").exists()

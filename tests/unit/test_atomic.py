@@ -6,15 +6,15 @@ import math
 
 import pytest
 
-from libreyolo.atomic import atomic_path, write_bytes_atomic, write_json_atomic, write_text_atomic
+from libreyolo.atomic import atomic_path, write_json_atomic, write_text_atomic
 from libreyolo.engine.checkpoint import remove_stale_temps
 
 
 def test_writes_replace_the_target_and_leave_no_temp(tmp_path):
     write_text_atomic(tmp_path / "a.txt", "one")
     assert write_text_atomic(tmp_path / "a.txt", "two").read_text() == "two"
-    assert write_bytes_atomic(tmp_path / "sub" / "b.bin", b"\x00\x01").read_bytes() == b"\x00\x01"  # folder made
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.txt", "b.bin", "sub"]
+    assert write_text_atomic(tmp_path / "sub" / "b.txt", "three").read_text() == "three"  # folder made
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.txt", "b.txt", "sub"]
 
 
 def test_a_failed_write_keeps_the_old_file(tmp_path):

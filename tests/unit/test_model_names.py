@@ -212,3 +212,18 @@ def test_inference_args_prefer_the_user_then_the_checkpoints_training_arguments(
     assert inference_args(scratch, {"data": "coco128"}) == ({}, {"imgsz": "default", "data": "given"})
     old = ModelSource(spec, "t", {"names": ["a"]}, None)  # a checkpoint without its config
     assert inference_args(old, {}) == ({}, {"imgsz": "default", "data": "default"})
+
+
+def test_val_refuses_a_checkpoint_that_does_not_fill_the_model(tmp_path, cache):
+    """Same classes but another layout (a YOLOv9 checkpoint from the grouped box branch): val
+    would measure a partly random model; it is one line instead."""
+    from libreyolo.errors import CheckpointError
+
+    path = tmp_path / "grouped.pt"
+    state = get_family("yolo9").build("t", len(NAMES)).state_dict()
+    state["net.head.box.0.2.weight"] = state["net.head.box.0.2.weight"][:, :16].clone()  # groups=4 shape
+    _make_checkpoint(path, ema=state)
+    with pytest.raises(CheckpointError) as err:
+        build_model(LibreYOLO(str(path)).source, len(NAMES), exact=True)
+    assert "\n" not in str(err.value) and "net.head.box.0.2.weight" in str(err.value)
+    build_model(LibreYOLO(str(path)).source, len(NAMES))  # a fine-tune keeps what fits

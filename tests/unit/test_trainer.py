@@ -123,3 +123,27 @@ def test_step_context_outside_the_trainer_resolves_optimizer_auto():
     ctx = build_step_context(build_config({"device": "cpu"}), spec, model, torch.device("cpu"))
     assert isinstance(ctx.optimizer, torch.optim.AdamW)
     assert ctx.optimizer.param_groups[0]["lr"] == pytest.approx(0.000714)
+
+
+def test_resume_of_a_checkpoint_with_the_best_epoch_at_the_top_level_keeps_it(tmp_path):
+    """Checkpoints written before the validation hook kept its own state held best_fitness and
+    best_epoch at the top level: a resume from one must not forget which epoch was best (its next
+    validation would otherwise overwrite best.pt with whatever it measures)."""
+    from libreyolo.engine import hooks
+
+    result = LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), **TINY)
+    ckpt = torch.load(result.last, weights_only=True)
+    ckpt["epoch"] = 0
+    ckpt["hooks"].pop("ValidationHook")
+    ckpt.update(best_fitness=0.5, best_epoch=0)
+    old = tmp_path / "old.pt"
+    torch.save(ckpt, old)
+    seen = []
+
+    class Probe(hooks.Hook):
+        def before_train(self, trainer):
+            seen.append(next(h for h in trainer.hooks if isinstance(h, hooks.ValidationHook)).state_dict())
+            trainer.stop = True
+
+    LibreYOLO("yolo9-t").train(resume=str(old), hooks=[Probe()])
+    assert seen == [{"best_fitness": 0.5, "best_epoch": 0}]

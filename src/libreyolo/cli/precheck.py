@@ -33,7 +33,8 @@ def check_resume(resume: Any) -> None:
 
 
 def check_data(data: Any) -> None:
-    """A `data=` that is neither a built-in dataset nor an existing yaml file."""
+    """A `data=` that is neither a built-in dataset, an existing yaml file nor a folder (a
+    classification dataset, checked by its loader)."""
     if not isinstance(data, str) or not data:
         return
     if Path(data).expanduser().is_dir():

@@ -55,7 +55,7 @@ def resolve_weights(weights: str | None, size: str | None) -> str:
 @profile_app.command(context_settings=EXTRA)
 @user_errors
 def run(ctx: typer.Context,
-        data: str = typer.Argument(..., metavar="DATA", help="Dataset: built-in name (shapes, coco128) or a dataset yaml."),
+        data: str = typer.Argument(..., metavar="DATA", help="Dataset: built-in name (shapes, coco128, shapes-cls), a dataset yaml, or a class-folder dataset for a classifier."),
         weights: str | None = typer.Option(None, "--weights", help="Model: architecture, family, official "
                                                                     "weights name or checkpoint (default yolo9)."),
         size: str | None = typer.Option(None, "--size", help="Size when --weights is a family or absent (default s)."),

@@ -381,7 +381,7 @@ class ClassTrainLoader(EpochLoader):
 
 
 class ClassValLoader:
-    """Iterable of validation ClassBatches in file order; `labels()` is the ground truth."""
+    """Iterable of validation ClassBatches in file order."""
 
     def __init__(self, dataset: ClassValDataset, cfg, batch: int):
         self.dataset = dataset
@@ -390,9 +390,6 @@ class ClassValLoader:
         self.loader = _dataloader(dataset, cfg, int(cfg.seed), batch_size=batch, shuffle=False,
                                   collate_fn=collate)
 
-    def labels(self) -> np.ndarray:
-        """int64 [num_images]: the class id of each val image, in batch order."""
-        return self.dataset.labels.copy()
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -405,6 +402,9 @@ def build_classify_train_loader(data: ClassifyData, cfg, rank: int = 0, world_si
     """The training loader; under multi-process training, rank's share of every global batch."""
     if getattr(cfg, "cache", False):
         log.info("cache=%s is not used for classification: images are read from their files", cfg.cache)
+    if getattr(cfg, "multi_scale", False):
+        log.info("multi_scale=true is not used for classification: the random resized crop already varies "
+                 "the scale, and every batch is imgsz=%d", cfg.imgsz)
     return ClassTrainLoader(ClassTrainDataset(data.train, cfg), cfg, rank, world_size)
 
 

@@ -56,6 +56,9 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
     """Resolve `data` (a built-in name or a yaml path) into a DataConfig. Raises DataError."""
     text = str(data)
     packaged = _is_builtin_name(text)
+    if Path(text).expanduser().is_dir() and not (packaged and _packaged_folder().joinpath(f"{text}.yaml").is_file()):
+        raise DataError(f"data={text} is a folder: a detector reads a dataset yaml (path, train, val, names); "
+                        f"a folder of class folders trains a classifier (model=resnet18)")
     if packaged:
         yaml_path, raw = _read_packaged(text)
     else:

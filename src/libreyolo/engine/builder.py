@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..config import TrainConfig
+from ..errors import CheckpointError
 from ..families.base import FamilySpec
 from .ema import ModelEMA
 from .graphs import GraphManager
@@ -24,11 +25,12 @@ from .step import StepContext
 log = logging.getLogger("libreyolo")
 
 
-def build_model(source, num_classes: int) -> nn.Module:
+def build_model(source, num_classes: int, *, exact: bool = False) -> nn.Module:
     """The training model of a resolved model name (`model.ModelSource`) with `num_classes`
     classes: built from its family, then every checkpoint tensor whose name and shape match
     loaded into it (the EMA weights when the checkpoint has them). A class head of another size
-    starts fresh, said in one line."""
+    starts fresh, said in one line. `exact` (validation: same classes) refuses a checkpoint that
+    does not fill the model, in one line, instead of measuring a partly random model."""
     model = source.spec.build(source.size, num_classes)
     ckpt = source.checkpoint
     if ckpt is not None:
@@ -36,9 +38,15 @@ def build_model(source, num_classes: int) -> nn.Module:
         own = model.state_dict()
         matched = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
         model.load_state_dict(matched, strict=False)
-        if len(matched) < len(own):
-            log.info(f"transferred {len(matched)}/{len(own)} tensors from {source.path} (the rest, e.g. a "
-                     f"class head of another size, start fresh)")
+        unfilled = [k for k in own if k not in matched]
+        if unfilled and exact:
+            raise CheckpointError(
+                f"'{source.path}' does not fit {source.arch}: {len(unfilled)} of {len(own)} tensors are missing "
+                f"or of another shape (e.g. '{unfilled[0]}'); written by an older layout of the architecture "
+                f"(YOLOv9's box branch used to be grouped)? Fine-tune from it (model=) to keep what fits")
+        if unfilled:
+            log.info(f"transferred {len(matched)}/{len(own)} tensors from {source.path}; {len(unfilled)} start "
+                     f"fresh (e.g. '{unfilled[0]}': a class head of another size, or another layout)")
     return model
 
 

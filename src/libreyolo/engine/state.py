@@ -46,7 +46,7 @@ def restore_training_state(trainer: Trainer, ckpt: dict) -> None:
     """Load `ckpt` into a freshly built trainer; a damaged state is one CheckpointError line."""
     try:
         _restore(trainer, ckpt)
-    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
         if isinstance(exc, CheckpointError):
             raise
         # The weights were checked by the caller; this is the rest of a damaged state.
@@ -75,7 +75,11 @@ def _restore(trainer: Trainer, ckpt: dict) -> None:
         ckpt_io.restore_rng_state(ranks[world.rank])
     elif world.main:
         ckpt_io.restore_rng_state(ckpt["rng"])
-    saved = ckpt.get("hooks", {})
+    saved = dict(ckpt.get("hooks") or {})
+    if not saved.get("ValidationHook") and "best_epoch" in ckpt:
+        # Written before the validation hook kept the best epoch itself: the same fitness
+        # (0.9 mAP50-95 + 0.1 mAP50) was a top-level key then.
+        saved["ValidationHook"] = {"best_fitness": ckpt.get("best_fitness", -1.0), "best_epoch": ckpt["best_epoch"]}
     for hook in trainer.hooks:
         hook.load_state_dict(saved.get(type(hook).__name__, {}))
     log.info(f"resuming from epoch {trainer.start_epoch + 1}/{trainer.cfg.epochs}")

@@ -224,7 +224,8 @@ class YOLOStyleModel(nn.Module):
     """The training-model contract for single-stage families (families/base.py), the classifiers
     included: `self.net` is the whole network, so it is what CUDA graphs capture and nothing eager
     remains after it.
-    Subclasses set `self.net` and define `decode(raw maps) -> [B, A, 4 + nc]`."""
+    Subclasses set `self.net` and define `decode(raw outputs)`, the task's predict form (detection:
+    [B, A, 4 + nc]; classification: [B, classes] probabilities)."""
 
     net: nn.Module
 
