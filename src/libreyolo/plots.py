@@ -50,7 +50,7 @@ def render(rows: list[dict[str, str]], task, details: dict[str, Any] | None, met
         figures += [_pr_curves(curves["pr"]), _f1_curve(curves["f1"]), _confusion(curves["confusion"])]
     blocks = [fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False})
               for i, fig in enumerate(figures)]
-    table = _class_table(details, task.name) if details and details.get("per_class") else (
+    table = _class_table(details, task) if details and details.get("per_class") else (
         "<p class='note'>No validation has run yet (or <code>val=false</code>): only the training curves.</p>")
     return _page(meta, blocks[0], table, blocks[1:])
 
@@ -151,19 +151,11 @@ def _confusion(cm: dict[str, Any]):
     return fig
 
 
-def _class_table(details: dict[str, Any], task: str) -> str:
-    from .eval.table import CLASSIFY_HEAD, HEAD, class_rows, classify_rows
-
-    if task == "classify":
-        head_row, rows = CLASSIFY_HEAD, classify_rows(details)
-        note = "top-1: the highest score is the label; top-5: the label is among the 5 highest."
-    else:
-        head_row, rows = HEAD, class_rows(details)
-        note = ("P and R at the confidence where the mean F1 is highest; mAP at IoU 0.5 and 0.5:0.95 (COCO, "
-                "101 recall points).")
+def _class_table(details: dict[str, Any], task) -> str:
+    head_row, rows = task.table(details)
     head = "".join(f"<th>{esc(h)}</th>" for h in head_row)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return (f"<h2>validation per class (the last validation)</h2><p class='note'>{note}</p>"
+    return (f"<h2>validation per class (the last validation)</h2><p class='note'>{esc(task.table_note)}.</p>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
 
 

@@ -29,12 +29,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 import yaml
-from torchvision.io import ImageReadMode, decode_image, read_file
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from ..errors import DataError
-from .dataset import SampleKey
+from .dataset import SampleKey, decode_rgb
 from .dataset_yaml import (
     IMAGE_SUFFIXES,
     _check_task,
@@ -43,6 +42,7 @@ from .dataset_yaml import (
     _packaged_folder,
     _parse_names,
     _parse_yaml,
+    _read_packaged,
     _read_text,
     _resolve_root,
 )
@@ -101,12 +101,10 @@ def load_classify_data(data: str | os.PathLike) -> ClassifyData:
         return _scan(root.name, root, root / "train", _val_folder(root), None, None)
     packaged = _is_builtin_name(text)
     if packaged:
-        yaml_path = _packaged_folder().joinpath(f"{text}.yaml")
-        if not yaml_path.is_file():
+        if not _packaged_folder().joinpath(f"{text}.yaml").is_file():
             raise DataError(f"dataset '{text}' not found: no such folder, and the built-in "
                             f"classification datasets are {', '.join(classify_builtins())}")
-        yaml_path = Path(str(yaml_path))
-        raw = _parse_yaml(yaml_path.read_text(encoding="utf-8"), text)
+        yaml_path, raw = _read_packaged(text)
     else:
         yaml_path = path
         if not yaml_path.is_file():
@@ -262,17 +260,6 @@ def _pil_decodes(path: Path) -> bool:
     return True
 
 
-def decode(path: Path) -> torch.Tensor | None:
-    """RGB uint8 [3, h, w], or None if the file does not decode."""
-    try:
-        img = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
-    except (RuntimeError, OSError, ValueError):
-        return None
-    if img.numel() == 0:
-        return None
-    return img if img.dtype == torch.uint8 else TF.to_dtype(img, torch.uint8, scale=True)  # 16-bit PNG
-
-
 @dataclass(frozen=True)
 class _Unreadable:
     """Stands in for a batch holding an image that no longer decodes. A DataError raised in a
@@ -310,7 +297,7 @@ class ClassTrainDataset(torch.utils.data.Dataset):
         return len(self.files)
 
     def __getitem__(self, key: SampleKey):
-        img = decode(self.files[key.index])
+        img = decode_rgb(self.files[key.index])
         if img is None:
             return _Unreadable(str(self.files[key.index]))
         with torch.random.fork_rng(devices=[]):
@@ -334,7 +321,7 @@ class ClassValDataset(torch.utils.data.Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int):
-        img = decode(self.files[i])
+        img = decode_rgb(self.files[i])
         if img is None:
             return _Unreadable(str(self.files[i]))
         img = TF.resize(img, [self.resize], antialias=True)  # one size: the short side

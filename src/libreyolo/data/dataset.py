@@ -55,15 +55,23 @@ class SampleKey(NamedTuple):
     pool: tuple[int, ...] = ()  # mosaic/mixup partners come from here (empty: the whole set)
 
 
-def decode_resized(path: Path, imgsz: int) -> torch.Tensor:
-    """Decode to RGB uint8 [3, h, w] with long side imgsz; an empty [3, 0, 0] if unreadable."""
+def decode_rgb(path: Path) -> torch.Tensor | None:
+    """RGB uint8 [3, h, w] (a 16-bit PNG scaled down), or None if the file does not decode."""
     try:
         img = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
-    except (RuntimeError, OSError, ValueError) as e:
-        log.warning("cannot decode %s (%s); a stand-in image takes its place", path, e)
+    except (RuntimeError, OSError, ValueError):
+        return None
+    if img.numel() == 0:
+        return None
+    return img if img.dtype == torch.uint8 else TF.to_dtype(img, torch.uint8, scale=True)
+
+
+def decode_resized(path: Path, imgsz: int) -> torch.Tensor:
+    """Decode to RGB uint8 [3, h, w] with long side imgsz; an empty [3, 0, 0] if unreadable."""
+    img = decode_rgb(path)
+    if img is None:
+        log.warning("cannot decode %s; a stand-in image takes its place", path)
         return torch.zeros((3, 0, 0), dtype=torch.uint8)
-    if img.dtype != torch.uint8:  # 16-bit PNG
-        img = TF.to_dtype(img, torch.uint8, scale=True)
     return resize_long_side(img, imgsz)
 
 

@@ -22,24 +22,27 @@ def class_rows(metrics: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def detect_table(metrics: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Detection's per-class table: (head, rows)."""
+    return HEAD, class_rows(metrics)
+
+
 def print_class_table(metrics: dict[str, Any], file=None) -> None:
-    """Detection: P and R at the best mean F1, mAP50 and mAP50-95, per class."""
-    print_rows(HEAD, class_rows(metrics), "validation: P and R at the confidence of the best mean F1; "
-               "mAP at IoU 0.5 and 0.5:0.95", file)
+    """Detection: P and R at the best mean F1, mAP50 and mAP50-95, per class (the detect task's
+    report)."""
+    from ..tasks.detect import SPEC
+
+    SPEC.report(metrics, file)
 
 
 CLASSIFY_HEAD = ["class", "images", "top-1", "top-5"]
 
 
-def classify_rows(metrics: dict[str, Any]) -> list[list[str]]:
+def classify_table(metrics: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Classification's per-class table: (head, rows), the `all` row first."""
     rows = [["all", str(metrics.get("num_images", 0)), _f(metrics.get("top1")), _f(metrics.get("top5"))]]
     rows += [[r["class"], str(r["images"]), _f(r["top1"]), _f(r["top5"])] for r in metrics.get("per_class") or []]
-    return rows
-
-
-def print_classify_table(metrics: dict[str, Any], file=None) -> None:
-    """Classification: top-1 and top-5 accuracy, per class."""
-    print_rows(CLASSIFY_HEAD, classify_rows(metrics), "validation: top-1 and top-5 accuracy", file)
+    return CLASSIFY_HEAD, rows
 
 
 def print_rows(head: list[str], rows: list[list[str]], title: str, file=None) -> None:

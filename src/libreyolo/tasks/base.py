@@ -9,8 +9,8 @@ follows the family contract (families/base.py) and a criterion. What the task de
 - its evaluation: `evaluate` (model, loader, device, cfg, ...) -> metrics, the scalar metric names
   (`metrics`, headline first) and how they are shown (`labels`), the non-scalar results that feed
   results.html (`detail_keys`), and `fitness`, the one number that picks best.pt;
-- what `model.predict(images)` returns (`predicts`, the contract text) and how `val` prints a
-  report (`report`);
+- what `model.predict(images)` returns (`predicts`, the contract text) and its per-class table
+  (`table`, `table_note`: what `val` prints and results.html shows);
 - how `libreyolo bench step` saves and restores one batch (`pack_batch`, `unpack_batch`).
 """
 
@@ -43,7 +43,8 @@ class TaskSpec:
     train_loader: Callable[..., Any]            # (data, cfg, rank, world_size) -> training loader
     val_loader: Callable[..., Any]              # (data, cfg, batch=None) -> validation loader
     evaluate: Callable[..., dict[str, Any]]     # (model, loader, device, cfg, *, amp_dtype, names, progress)
-    report: Callable[[dict[str, Any]], None]    # print a validation's table (stderr)
+    table: Callable[[dict[str, Any]], tuple[list[str], list[list[str]]]]  # metrics -> per-class (head, rows)
+    table_note: str                             # what the table's figures mean (val's title, results.html)
     pack_batch: Callable[[Any], dict]           # one batch -> {name: tensor} (bench step)
     unpack_batch: Callable[[dict, bool], Any]   # ({name: tensor}, pin) -> the batch again
     predicts: str                               # what model.predict(images) returns
@@ -54,6 +55,12 @@ class TaskSpec:
     def summary(self, metrics: dict[str, Any], sep: str = " ") -> str:
         """'mAP50-95 0.5123 mAP50 0.7012': the scalar metrics present in `metrics`, in order."""
         return sep.join(f"{self.labels[k]} {metrics[k]:.4f}" for k in self.metrics if k in metrics)
+
+    def report(self, metrics: dict[str, Any], file=None) -> None:
+        """The per-class table on stderr: rich on a terminal, aligned text in a log."""
+        from ..eval.table import print_rows
+
+        print_rows(*self.table(metrics), f"validation: {self.table_note}", file)
 
     def scalars(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """`metrics` without the detail keys: what checkpoints, results.csv and --json carry."""

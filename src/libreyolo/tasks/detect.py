@@ -42,7 +42,9 @@ SPEC = TaskSpec(
     train_loader=lazy("libreyolo.data", "build_train_loader"),
     val_loader=lazy("libreyolo.data", "build_val_loader"),
     evaluate=_evaluate,
-    report=lazy("libreyolo.eval.table", "print_class_table"),
+    table=lazy("libreyolo.eval.table", "detect_table"),
+    table_note=("P and R at the confidence where the mean F1 is highest; mAP at IoU 0.5 and 0.5:0.95 (COCO, "
+                "101 recall points)"),
     pack_batch=_pack,
     unpack_batch=_unpack,
     predicts="[B, N, 4 + classes]: boxes xyxy in input pixels, then per-class scores in [0, 1]",
