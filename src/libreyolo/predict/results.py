@@ -1,0 +1,75 @@
+"""What `predict` returns: one `Result` per image (or video frame), in original image pixels.
+
+A Result knows where its image came from (`name`, `path`, `frame`), the image's size and the
+model's class names, and holds the task's own output: boxes, scores and class ids for detection;
+the class probabilities for classification. `to_dict()` is the JSON line `predict --json` prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+TOP_K = 5  # the classes a classification result lists (to_dict), best first
+
+
+@dataclass
+class Result:
+    name: str                       # 'img.jpg', 'clip.mp4', 'array0': what the user calls the image
+    path: str | None                # the file it was read from; None for an in-memory image
+    frame: int | None               # the frame number in a video, None for a still image
+    orig_shape: tuple[int, int]     # (height, width) of the image as read
+    names: list[str]                # the model's class names, index = class id
+    task: str                       # "detect" | "classify"
+    boxes: Tensor | None = None     # float32 [n, 4] xyxy, original pixels (detect)
+    scores: Tensor | None = None    # float32 [n], sorted decreasing (detect)
+    classes: Tensor | None = None   # int64 [n] (detect)
+    probs: Tensor | None = None     # float32 [num_classes] (classify)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.boxes) if self.boxes is not None else (0 if self.probs is None else 1)
+
+    @property
+    def top1(self) -> int | None:
+        """The most probable class id of a classification result (None for detection)."""
+        return None if self.probs is None else int(self.probs.argmax())
+
+    def label(self, c: int) -> str:
+        return self.names[c] if 0 <= c < len(self.names) else str(c)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: source, frame, width, height, then `detections` [{box, score, class, name}]
+        (box xyxy in original pixels, rounded to 0.01 px) or `top` [{class, name, prob}] (best first)
+        with the top-1 `class`, `name` and `prob`."""
+        h, w = self.orig_shape
+        out: dict[str, Any] = {"source": self.name, "frame": self.frame, "width": w, "height": h, "task": self.task}
+        if self.probs is not None:
+            p = self.probs.float().cpu()
+            values, ids = p.topk(min(TOP_K, len(p)))
+            top = [{"class": int(c), "name": self.label(int(c)), "prob": round(float(v), 6)}
+                   for v, c in zip(values, ids)]
+            out.update(top[0] if top else {"class": None, "name": None, "prob": None})
+            out["top"] = top
+            return out
+        boxes = self.boxes.cpu().tolist() if self.boxes is not None else []
+        scores = self.scores.cpu().tolist() if self.scores is not None else []
+        classes = self.classes.cpu().tolist() if self.classes is not None else []
+        out["detections"] = [{"box": [round(v, 2) for v in b], "score": round(s, 5), "class": int(c),
+                              "name": self.label(int(c))} for b, s, c in zip(boxes, scores, classes)]
+        return out
+
+    def summary(self) -> str:
+        """'3 detections (2 circle, 1 square)' / 'circle 0.97': one human line."""
+        if self.probs is not None:
+            c = self.top1
+            return f"{self.label(c)} {float(self.probs[c]):.2f}"
+        n = len(self)
+        if n == 0:
+            return "no detections"
+        counts = torch.bincount(self.classes.cpu(), minlength=len(self.names)).tolist()
+        parts = ", ".join(f"{k} {self.label(c)}" for c, k in enumerate(counts) if k)
+        return f"{n} detection{'s' if n != 1 else ''} ({parts})"
