@@ -8,8 +8,10 @@ application that configured logging keeps its own arrangement.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterable
 
 LOGGER = "libreyolo"
 
@@ -46,3 +48,26 @@ def ensure_logging() -> None:
     if logging.getLogger(LOGGER).handlers or logging.getLogger().handlers:
         return
     setup_logging()
+
+
+@contextlib.contextmanager
+def progress_bar(items: Iterable, enabled: bool, description: str, total: int | None = None):
+    """Yield `items`, wrapped in a rich progress bar on stderr when it is an interactive terminal
+    (never in a log or a pipe). `total` defaults to len(items) when it has one."""
+    if not (enabled and sys.stderr.isatty()):
+        yield items
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+
+        def advance():
+            for item in items:
+                yield item
+                bar.advance(task)
+
+        yield advance()

@@ -1,4 +1,4 @@
-"""The LibreYOLO facade: resolve a model name, then `.train()` / `.val()`.
+"""The LibreYOLO facade: resolve a model name, then `.train()`, `.val()`, `.predict()`, `.export()`.
 
 Model names follow four rules, in order (the CLI's `model=` uses the same):
 1. an existing file is a LibreYOLO checkpoint and is loaded;
@@ -116,7 +116,8 @@ def _try_download(name: str, dest: Path) -> str | None:
 
 
 class LibreYOLO:
-    """`LibreYOLO("LibreYOLO9s.pt")` or `LibreYOLO("yolo9-t")`; then `.train(data=...)`, `.val(data=...)`."""
+    """`LibreYOLO("LibreYOLO9s.pt")` or `LibreYOLO("yolo9-t")`; then `.train(data=...)`, `.val(data=...)`,
+    `.predict(source)`, `.export(format="onnx")`."""
 
     def __init__(self, model: str):
         ensure_logging()  # a script sees the lines the CLI prints (logs.py)
@@ -287,7 +288,47 @@ class LibreYOLO:
         return {**metrics, "imgsz": cfg.imgsz, "data": cfg.data, "task": task.name}
 
 
-# Keys an inference command (val; predict, later) takes from a checkpoint's training arguments
+    def predict(self, source: Any, *, stream: bool = False, **options: Any):
+        """Predict on `source`: an image file, a folder, a glob, a video file, a numpy array (HWC
+        RGB uint8), a tensor (CHW), a PIL image, or a list of these. Returns a list of
+        `predict.Result` (one per image or video frame; boxes in original pixels), or with
+        `stream=True` a generator of them (a long video without holding every result).
+
+        Options (`predict.core.KEYS`): conf=0.25, iou=0.7, imgsz (the checkpoint's), max_det=300,
+        batch=1, device, amp, amp_dtype, cuda_graph, save=False (annotated files into
+        project/name), project, name, exist_ok, vid_stride, workers; and `multi_label` (a
+        candidate per class above conf, as validation does) and `progress` (a bar on a terminal).
+        The model is built once per (imgsz, batch, device, amp, amp_dtype, cuda_graph)."""
+        from .predict.core import check_options
+        from .predict.core import predict as run
+
+        opts = check_options({"save": False, **options})
+        results = run(self._predictor, source, opts)
+        return results if stream else list(results)
+
+    def _predictor(self, opts: dict[str, Any]):
+        from .predict.core import Predictor
+
+        setting = tuple(opts[k] for k in ("imgsz", "batch", "device", "amp", "amp_dtype", "cuda_graph", "workers"))
+        cached = getattr(self, "_predictors", {})
+        if setting not in cached:
+            cached.clear()  # one model in memory: a new setting replaces the last
+            cached[setting] = Predictor(self.source, imgsz=opts["imgsz"], batch=opts["batch"], device=opts["device"],
+                                        amp=opts["amp"], amp_dtype=opts["amp_dtype"], cuda_graph=opts["cuda_graph"],
+                                        workers=opts["workers"])
+            self._predictors = cached
+            log.info(f"predicting with {cached[setting].describe()}")
+        return cached[setting]
+
+    def export(self, **options: Any):
+        """Export for deployment (docs/export.md): format='onnx' (default) or 'pt2', imgsz, batch,
+        dynamic, opset, device, output, check. Returns an `export.ExportResult` (its `.path`)."""
+        from .export import export_model
+
+        return export_model(self.name, **options)
+
+
+# Keys an inference command (val, predict) takes from a checkpoint's training arguments
 # when they are not given: a model is measured at the image size it learned, on the data it
 # learned from. Validating a 128 px model at 640 px reported mAP50-95 0.0006 instead of the
 # training run's figure.

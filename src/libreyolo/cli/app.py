@@ -207,6 +207,78 @@ def val(ctx: typer.Context,
         typer.echo(f"{headline}  ({metrics['num_images']} images)")
 
 
+def _predict_help() -> str:
+    from ..predict.core import KEYS
+
+    width = max(len(k) for k in KEYS) + 1
+    shown = {k: "ckpt*" if k == "imgsz" else "auto" if k == "device" else
+             str(v.default).lower() if isinstance(v.default, bool) else str(v.default) for k, v in KEYS.items()}
+    dw = max(len(v) for v in shown.values())
+    rows = "\n".join(f"  {k + '=':<{width}}  {shown[k]:<{dw}}  {v.doc}" for k, v in KEYS.items())
+    return f"""Predict: libreyolo predict model=runs/train/exp/weights/best.pt source=img.jpg [key=value ...] [--json]
+
+source= is an image file, a folder (its images, by name), a glob ('imgs/*.jpg', quoted) or a video
+file (.mp4, .avi, .mov, .mkv, ...; needs PyAV: pip install 'libreyolo[video]'). Images are
+letterboxed exactly as val does, and boxes come back in original image pixels. stdout gets one
+line per image (`name: 3 detections (2 circle, 1 square)`), or with --json one JSON object per
+image: source, frame, width, height, task, then detections [{{box xyxy, score, class, name}}]
+(detectors) or class, name, prob and top [{{class, name, prob}}] (classifiers), and saved (the
+annotated file) when save=true. Annotated images and videos go to project/name (runs/predict/exp,
+exp2, ...). Progress and logs go to stderr.
+
+Keys (key=, default, meaning):
+
+\b
+{rows}
+
+* the size the checkpoint was trained at (an architecture name: its family's default).
+"""
+
+
+@app.command(context_settings=EXTRA, help=_predict_help())
+@user_errors
+def predict(ctx: typer.Context,
+            as_json: bool = typer.Option(False, "--json", help="One JSON object per image on stdout (a JSON line).")
+            ) -> None:
+    import time
+
+    from ..config import FIELDS
+    from ..predict.core import KEYS
+    from .grammar import parse_overrides
+    from .precheck import check_model, check_source
+
+    setup_logging()
+    args = parse_overrides(ctx.args, allowed={"model", *KEYS}, types={k: v.type for k, v in KEYS.items()
+                                                                     if k not in FIELDS})
+    model, source = args.pop("model", None), args.pop("source", None)
+    if model is None:
+        raise LibreYOLOError("no model given: pass model=path/to/best.pt (or an architecture name)")
+    if source is None:
+        raise LibreYOLOError("no source given: pass source=img.jpg (an image file, a folder, a glob or a video)")
+    check_model(model)  # before importing torch: a missing file answers instantly
+    check_source(source)
+    from ..model import LibreYOLO
+    from ..predict.core import check_options
+    from ..predict.core import predict as run
+
+    opts = check_options({**args, "progress": True})
+    lib = LibreYOLO(model)
+    start, n, saved_dir = time.perf_counter(), 0, None
+    for result in run(lib._predictor, source, opts):
+        n += 1
+        saved = result.extra.get("saved")
+        if saved:
+            saved_dir = os.path.dirname(saved)
+        if as_json:
+            typer.echo(json.dumps({**result.to_dict(), **({"saved": saved} if saved else {})}))
+        else:
+            where = f" [frame {result.frame}]" if result.frame is not None else ""
+            typer.echo(f"{result.name}{where}: {result.summary()}")
+    seconds = time.perf_counter() - start
+    typer.echo(f"done: {n} image{'s' if n != 1 else ''} in {seconds:.1f} s ({n / max(seconds, 1e-9):.1f}/s)"
+               + (f"; annotated in {saved_dir}" if saved_dir else ""), err=True)
+
+
 @app.command()
 @user_errors
 def cfg(model: str = typer.Argument(None, metavar="MODEL",

@@ -115,8 +115,12 @@ def split_pairs(tokens: Iterable[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def parse_overrides(tokens: Iterable[str], allowed: Iterable[str] | None = None) -> dict[str, Any]:
-    """Parse CLI tokens into a {key: typed value} dict; duplicates are an error."""
+def parse_overrides(tokens: Iterable[str], allowed: Iterable[str] | None = None,
+                    types: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Parse CLI tokens into a {key: typed value} dict; duplicates are an error.
+
+    `types` gives the type of allowed keys that are not training keys (predict's `source`)."""
+    types = types or {}
     allowed_set = set(allowed) if allowed is not None else set(FIELDS)
     out: dict[str, Any] = {}
     for key, raw in split_pairs(tokens):
@@ -126,5 +130,13 @@ def parse_overrides(tokens: Iterable[str], allowed: Iterable[str] | None = None)
             raise ConfigError(unknown_key_message(key, allowed_set))
         if key in out:
             raise ConfigError(f"key '{key}' given twice")
-        out[key] = parse_value(key, raw)
+        out[key] = parse_value(key, raw) if key in FIELDS or key not in types else _parse_typed(key, raw, types[key])
     return out
+
+
+def _parse_typed(key: str, raw: str, tp: Any) -> Any:
+    text, quoted = _unquote(raw.strip())
+    try:
+        return _parse_as(text, tp, quoted)
+    except ValueError:
+        raise ConfigError(f"bad value for '{key}': '{raw}' (allowed: {describe_type(tp)})") from None

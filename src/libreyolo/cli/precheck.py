@@ -51,6 +51,13 @@ def check_data(data: Any) -> None:
         raise DataError(f"dataset yaml not found: {path}")
 
 
+def check_source(source: Any) -> None:
+    """A predict `source=` path that does not exist (a glob pattern is left to the full check)."""
+    if isinstance(source, str) and source and not any(c in source for c in "*?[") \
+            and not Path(source).expanduser().exists():
+        raise DataError(f"source '{source}' does not exist")
+
+
 def check_inputs(args: dict[str, Any], model: Any = None) -> None:
     """The checks above, in the order the full checks run them: the model, a resumed checkpoint,
     then the dataset."""

@@ -308,6 +308,13 @@ class ClassTrainDataset(torch.utils.data.Dataset):
         return img, int(self.labels[key.index])
 
 
+def center_crop_for_inference(img: torch.Tensor, imgsz: int) -> torch.Tensor:
+    """An RGB uint8 image as validation and predict feed a classifier: short side to
+    round(imgsz / 0.875), then the centre imgsz x imgsz."""
+    img = TF.resize(img, [round(imgsz / CROP_FRACTION)], antialias=True)  # one size: the short side
+    return TF.center_crop(img, [imgsz, imgsz])
+
+
 class ClassValDataset(torch.utils.data.Dataset):
     """Short side to round(imgsz / 0.875), centre crop imgsz; no randomness."""
 
@@ -315,7 +322,6 @@ class ClassValDataset(torch.utils.data.Dataset):
         self.files = [p for p, _ in samples]
         self.labels = np.array([c for _, c in samples], np.int64)
         self.imgsz = imgsz
-        self.resize = round(imgsz / CROP_FRACTION)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -324,8 +330,7 @@ class ClassValDataset(torch.utils.data.Dataset):
         img = decode_rgb(self.files[i])
         if img is None:
             return _Unreadable(str(self.files[i]))
-        img = TF.resize(img, [self.resize], antialias=True)  # one size: the short side
-        return TF.center_crop(img, [self.imgsz, self.imgsz]), int(self.labels[i])
+        return center_crop_for_inference(img, self.imgsz), int(self.labels[i])
 
 
 def collate(items) -> ClassBatch | _Unreadable:

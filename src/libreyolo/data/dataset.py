@@ -83,6 +83,18 @@ def label_boxes(lab: np.ndarray, h: int, w: int) -> np.ndarray:
     return boxes.astype(np.float32).reshape(-1, 4)
 
 
+def inference_letterbox(resized: torch.Tensor, orig_hw: tuple[int, int], imgsz: int,
+                        boxes: np.ndarray | None = None
+                        ) -> tuple[torch.Tensor, np.ndarray, float, tuple[int, int]]:
+    """An image (already `resize_long_side` to imgsz) as validation and predict feed the network:
+    centred on an imgsz x imgsz FILL canvas. Returns (canvas, boxes shifted with it, ratio, (left,
+    top)); a network box maps back with `x_orig = (x - left) / ratio` (eval/postprocess.unletterbox).
+    One function for both, so val and predict give the same boxes for the same image."""
+    h0, w0 = orig_hw
+    img, boxes, pad = letterbox(resized, np.zeros((0, 4), np.float32) if boxes is None else boxes, imgsz)
+    return img, boxes, imgsz / max(h0, w0), pad
+
+
 class _Base(torch.utils.data.Dataset):
     def __init__(self, split: Split, imgsz: int, cache=False):
         self.split = split
@@ -180,9 +192,8 @@ class ValDataset(_Base):
         if t is None:  # undecodable despite a good header: a grey image, its labels still count
             t = Tile(torch.full((3, 1, 1), FILL, dtype=torch.uint8),
                      np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
-        img, boxes, (left, top) = letterbox(t.image, t.boxes, self.imgsz)
-        ratio = self.imgsz / max(h0, w0)
-        return img, boxes, t.labels, i, (h0, w0), ratio, (left, top)
+        img, boxes, ratio, pad = inference_letterbox(t.image, (h0, w0), self.imgsz, t.boxes)
+        return img, boxes, t.labels, i, (h0, w0), ratio, pad
 
     def ground_truth(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per image: boxes xyxy in original pixels (float32 [n, 4]) and class ids (int64)."""

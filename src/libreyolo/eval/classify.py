@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .coco import _progress
+from ..logs import progress_bar
 
 TOPK = 5
 
@@ -36,7 +36,7 @@ def evaluate_classify(model: nn.Module, loader: Iterable, device: torch.device |
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode(), _progress(loader, progress) as batches:
+        with torch.inference_mode(), progress_bar(loader, progress, "validating") as batches:
             for batch in batches:
                 images = batch.images.to(device, non_blocking=True).float().div_(255.0)
                 labels = batch.targets.labels.to(device, non_blocking=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ from torch import Tensor, nn
 
 from libreyolo.eval.details import details
 from libreyolo.eval.postprocess import postprocess, unletterbox
+from libreyolo.logs import progress_bar
 
 
 def evaluate(
@@ -56,7 +56,7 @@ def evaluate(
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode(), _progress(loader, progress) as batches:
+        with torch.inference_mode(), progress_bar(loader, progress, "validating") as batches:
             for batch in batches:
                 images = preprocess(batch.images.to(device, non_blocking=True))
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
@@ -242,24 +242,3 @@ def _det_list(rows: np.ndarray) -> list[dict]:
         {"image_id": int(img), "category_id": int(cls) + 1, "bbox": box.tolist(), "score": float(s)}
         for img, s, cls, box in zip(rows[:, 0], rows[:, 5], rows[:, 6], boxes)
     ]
-
-
-@contextlib.contextmanager
-def _progress(loader: Iterable, enabled: bool):
-    """Yield the loader, wrapped in a rich progress bar on an interactive terminal only."""
-    if not (enabled and sys.stderr.isatty()):
-        yield loader
-        return
-    from rich.console import Console
-    from rich.progress import Progress
-
-    total = len(loader) if hasattr(loader, "__len__") else None
-    with Progress(console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("validating", total=total)
-
-        def advance():
-            for batch in loader:
-                yield batch
-                bar.advance(task)
-
-        yield advance()

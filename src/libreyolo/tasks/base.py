@@ -11,6 +11,8 @@ follows the family contract (families/base.py) and a criterion. What the task de
   results.html (`detail_keys`), and `fitness`, the one number that picks best.pt;
 - what `model.predict(images)` returns (`predicts`, the contract text) and its per-class table
   (`table`, `table_note`: what `val` prints and results.html shows);
+- the two ends of `predict`: an image into network input with validation's own transform
+  (`prepare`), and network output into `predict.Result`s in original pixels (`results`);
 - how `libreyolo bench step` saves and restores one batch (`pack_batch`, `unpack_batch`).
 """
 
@@ -48,6 +50,9 @@ class TaskSpec:
     pack_batch: Callable[[Any], dict]           # one batch -> {name: tensor} (bench step)
     unpack_batch: Callable[[dict, bool], Any]   # ({name: tensor}, pin) -> the batch again
     predicts: str                               # what model.predict(images) returns
+    prepare: Callable[..., tuple[Any, Any]]     # (RGB uint8 [3,h,w], imgsz) -> (network image, meta): val's transform
+    results: Callable[..., list]                # (preds, metas, frames, names, PostOptions) -> predict.Result per image
+    default_classes: int                        # classes of a model built without a checkpoint (COCO 80, ImageNet 1000)
     data_help: str                              # the data= forms this task reads, for errors and help
     builtin_data: str                           # the generated offline set: bench's default data=
     detail_keys: tuple[str, ...] = ()           # evaluate()'s non-scalar results (results.html)

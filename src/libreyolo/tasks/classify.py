@@ -44,6 +44,9 @@ SPEC = TaskSpec(
     pack_batch=_pack,
     unpack_batch=_unpack,
     predicts="[B, classes]: per-class probabilities (softmax), summing to 1 per image",
+    prepare=lazy("libreyolo.predict.post", "prepare_classify"),
+    results=lazy("libreyolo.predict.post", "classify_results"),
+    default_classes=1000,
     data_help="a built-in name (shapes-cls), a folder with train/<class>/ and val/<class>/ image folders, "
               "or a yaml naming such folders (path, train, val)",
     builtin_data="shapes-cls",

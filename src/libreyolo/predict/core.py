@@ -1,0 +1,202 @@
+"""Predict: images in, `Result`s out, through the same transforms and post-process as val.
+
+The flow per batch: the task's `prepare` (validation's letterbox or centre crop) runs on a small
+thread pool while the device works on the previous batch; the batch goes to the device as uint8
+(pinned, 4x fewer bytes than float); `network` turns it into the task's prediction (float / 255,
+the model, its decode, under autocast), replayed from a CUDA graph with `cuda_graph=True`; the
+task's `results` does NMS (detection) and maps boxes back to original pixels.
+
+A `Predictor` holds the model and its graph; `LibreYOLO.predict` keeps one per setting, so a script
+that predicts frame by frame builds the model once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+from .post import PostOptions
+from .results import Result
+
+log = logging.getLogger("libreyolo")
+
+
+@dataclass(frozen=True)
+class Key:
+    type: type
+    default: Any
+    doc: str
+
+
+# What predict takes (CLI key=value and Python keywords). Keys that are also training keys keep
+# their meaning; conf, batch and workers have predict's own defaults.
+KEYS: dict[str, Key] = {
+    "source": Key(str, None, "image file, folder, glob ('imgs/*.jpg') or video file"),
+    "conf": Key(float, 0.25, "keep detections scoring above this"),
+    "iou": Key(float, 0.7, "NMS IoU threshold (class-aware)"),
+    "imgsz": Key(int, None, "network input size (default: the checkpoint's training size)"),
+    "max_det": Key(int, 300, "maximum detections per image"),
+    "batch": Key(int, 1, "images per forward (larger: more images/s, more latency)"),
+    "device": Key(str, "", "cpu, cuda, cuda:N or N (default: cuda when available)"),
+    "amp": Key(bool, True, "mixed precision on CUDA (ignored on CPU)"),
+    "amp_dtype": Key(str, "float16", "autocast dtype: float16 or bfloat16"),
+    "cuda_graph": Key(bool, False, "replay the forward from a CUDA graph (CUDA only)"),
+    "save": Key(bool, True, "write annotated images/videos to project/name (Python default: false)"),
+    "project": Key(str, "runs/predict", "where predict runs go"),
+    "name": Key(str, "exp", "run folder name (exp, exp2, ... when taken)"),
+    "exist_ok": Key(bool, False, "write into an existing project/name"),
+    "vid_stride": Key(int, 1, "predict every n-th video frame"),
+    "workers": Key(int, 2, "threads preparing images (letterbox) ahead of the device"),
+}
+PYTHON_ONLY = {"multi_label": False, "progress": False}  # multi_label: one box per class, as val does
+
+
+def check_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options with defaults filled in, validated: one ConfigError line per mistake."""
+    from ..config import FIELDS, check_value
+
+    out = {k: v.default for k, v in KEYS.items()} | dict(PYTHON_ONLY)
+    for key, value in options.items():
+        if key not in out:
+            from ..config import unknown_key_message
+
+            raise ConfigError(unknown_key_message(key, set(out)))
+        if key in FIELDS and key not in ("batch", "workers") and value is not None:
+            value = check_value(key, value)  # the training key's type and range
+        out[key] = value
+    for key in ("batch", "workers", "vid_stride", "max_det"):
+        if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
+            raise ConfigError(f"bad value for '{key}': {out[key]!r} (allowed: an int >= 1)")
+    for key in ("conf", "iou"):
+        if not 0 <= float(out[key]) <= 1:
+            raise ConfigError(f"bad value for '{key}': {out[key]!r} (allowed: a float in [0, 1])")
+    if out["imgsz"] is not None and (not isinstance(out["imgsz"], int) or out["imgsz"] < 32 or out["imgsz"] % 32):
+        raise ConfigError(f"bad value for 'imgsz': {out['imgsz']!r} (allowed: a multiple of 32)")
+    return out
+
+
+class Predictor:
+    """A model ready to predict: built once, on its device, in eval mode (graph captured lazily)."""
+
+    def __init__(self, source, *, imgsz: int | None = None, batch: int = 1, device: str = "", amp: bool = True,
+                 amp_dtype: str = "float16", cuda_graph: bool = False, workers: int = 2):
+        from ..config import FIELDS
+        from ..engine.builder import build_model
+        from ..engine.device import select_device
+        from ..engine.precision import Precision
+        from ..model import inference_args
+        from ..tasks import task_for
+        from .graph import InferenceGraph
+
+        ckpt = source.checkpoint
+        self.task = task_for(source.spec, (ckpt or {}).get("task"))
+        self.names = [str(n) for n in ckpt["names"]] if ckpt is not None else [
+            f"class{i}" for i in range(self.task.default_classes)]
+        if imgsz is None:
+            trained, _ = inference_args(source, {}, ("imgsz",))
+            imgsz = int(trained.get("imgsz") or source.defaults.get("imgsz", FIELDS["imgsz"].default))
+        self.imgsz, self.batch, self.workers = int(imgsz), int(batch), int(workers)
+        from ..engine.device import device_list
+
+        if device_list(str(device).strip().lower()) is not None:
+            raise ConfigError(f"device={device}: predict runs on one device (e.g. device=0)")
+        self.device = select_device(device)
+        if ckpt is None:
+            log.warning(f"predicting with {source.arch} random weights (no checkpoint given)")
+        self.model = build_model(source, len(self.names), exact=True).to(self.device).eval()
+        self.precision = Precision.create(amp, amp_dtype, self.device)
+        self.arch = source.arch
+        self.graph = None
+        if cuda_graph and self.device.type != "cuda":
+            log.info(f"cuda_graph=true ignored: it needs a CUDA device (predicting on {self.device})")
+        elif cuda_graph:
+            self.graph = InferenceGraph(self.network)
+
+    def describe(self) -> str:
+        graph = ", CUDA graph" if self.graph is not None else ""
+        return (f"{self.arch} ({self.task.display}, {len(self.names)} classes) at {self.imgsz} px, batch "
+                f"{self.batch} on {self.device}; precision: {self.precision.describe()}{graph}")
+
+    def network(self, images: Tensor) -> Tensor:
+        """uint8 [B, 3, S, S] on the device -> the task's prediction, float32 (capturable)."""
+        with self.precision.autocast():
+            return self.model.predict(images.float().div_(255)).float()
+
+    def infer(self, images: Tensor) -> Tensor:
+        """One batch of prepared uint8 images (on the host or the device) -> prediction on the device."""
+        if images.device != self.device:
+            if self.device.type == "cuda":
+                images = images.pin_memory()
+            images = images.to(self.device, non_blocking=True)
+        with torch.inference_mode():
+            return (self.graph or self.network)(images)
+
+    def prepare(self, image: Tensor) -> tuple[Tensor, Any]:
+        return self.task.prepare(image, self.imgsz)
+
+    def run(self, frames: Iterable, opts: PostOptions) -> Iterator[tuple[Any, Result]]:
+        """(frame, its Result) for `frames` (objects with .image uint8 [3, h, w], .name, .path,
+        .frame), in order."""
+        batch: list[tuple[Any, Tensor, Any]] = []
+        for item in self._prepared(frames):
+            batch.append(item)
+            if len(batch) == self.batch:
+                yield from self._results(batch, opts)
+                batch = []
+        if batch:
+            yield from self._results(batch, opts)
+
+    def _results(self, batch: list, opts: PostOptions) -> list[tuple[Any, Result]]:
+        frames, images, metas = zip(*batch)
+        preds = self.infer(torch.stack(images))
+        with torch.inference_mode():
+            return list(zip(frames, self.task.results(preds, metas, frames, self.names, opts)))
+
+    def _prepared(self, frames: Iterable) -> Iterator[tuple[Any, Tensor, Any]]:
+        """(frame, network image, meta) in order; the thread pool prepares up to two batches ahead
+        (torchvision's resize releases the GIL)."""
+        threads = max(1, min(self.workers, os.cpu_count() or 1))
+        ahead = 2 * self.batch
+        with ThreadPoolExecutor(threads, thread_name_prefix="libreyolo-prepare") as pool:
+            pending: deque = deque()
+            for frame in frames:
+                pending.append((frame, pool.submit(self.prepare, frame.image)))
+                if len(pending) > ahead:
+                    f, job = pending.popleft()
+                    yield (f, *job.result())
+            while pending:
+                f, job = pending.popleft()
+                yield (f, *job.result())
+
+
+def predict(predictor_for, source: Any, options: dict[str, Any]) -> Iterator[Result]:
+    """Results for `source` with checked `options` (check_options); annotated files saved when
+    options['save']. `predictor_for(options)` supplies the Predictor (cached by the caller)."""
+    from .draw import Saver, annotate, predict_dir
+    from .sources import open_source
+
+    frames = open_source(source, vid_stride=options["vid_stride"])
+    predictor = predictor_for(options)
+    opts = PostOptions(options["conf"], options["iou"], options["max_det"], options["multi_label"])
+    saver = Saver(predict_dir(options["project"], options["name"], options["exist_ok"])) if options["save"] else None
+    from ..logs import progress_bar
+
+    show = options["progress"] and frames.kind in ("folder", "glob", "video", "list")
+    with saver if saver is not None else contextlib.nullcontext(), \
+            progress_bar(predictor.run(frames, opts), show, "predicting", total=len(frames) or None) as pairs:
+        for frame, result in pairs:
+            if saver is not None:
+                result.extra["saved"] = str(saver.save(frame, annotate(frame.image, result)))
+            yield result
+    if getattr(frames, "skipped", 0):
+        log.warning(f"{frames.skipped} file(s) of {source} could not be decoded and were skipped")
