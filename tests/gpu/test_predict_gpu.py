@@ -1,0 +1,93 @@
+"""Registry-driven, on CUDA: predict with cuda_graph=true replays one captured forward and gives the
+eager forward's results; a partial last batch replays the same graph; another shape runs eager
+with one line; predict on CUDA agrees with predict on CPU."""
+
+import logging
+
+import pytest
+import torch
+
+from libreyolo.families import REGISTRY
+from libreyolo.model import resolve_model
+from libreyolo.names import arch_name
+from libreyolo.predict.core import Predictor
+from libreyolo.predict.post import PostOptions
+
+pytestmark = pytest.mark.gpu
+ARCHS = [arch_name(spec, spec.sizes[0]) for spec in REGISTRY.values()]
+
+
+class _Frame:
+    def __init__(self, image, name):
+        self.image, self.name, self.path, self.frame = image, name, None, None
+
+
+def _frames(n: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return [_Frame(torch.randint(0, 256, (3, 200 + 7 * i, 256), generator=gen, dtype=torch.uint8), f"img{i}")
+            for i in range(n)]
+
+
+def _predictor(arch: str, device: str, graph: bool, batch: int = 4) -> Predictor:
+    torch.manual_seed(0)
+    p = Predictor(resolve_model(arch), imgsz=256, batch=batch, device=device, cuda_graph=graph, amp=False)
+    source = resolve_model(arch)
+    p.model = source.spec.build(source.size, 3).to(p.device).eval()
+    p.names = ["a", "b", "c"]
+    return p
+
+
+def _outputs(predictor, frames):
+    return [r for _, r in predictor.run(frames, PostOptions(conf=0.01, max_det=50))]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_graphed_predict_matches_eager_and_replays(arch, caplog):
+    frames = _frames(10)  # batches of 4, 4 and a partial 2
+    eager = _outputs(_predictor(arch, "cuda", False), frames)
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        graphed_predictor = _predictor(arch, "cuda", True)
+        graphed = _outputs(graphed_predictor, frames)
+    g = graphed_predictor.graph
+    assert g.fallback_reason is None and g.replays == 3 and g.eager_calls == 0, caplog.text
+    assert "captured the forward for 4x3x256x256" in caplog.text
+    for a, b in zip(eager, graphed):
+        if a.task == "detect":
+            assert len(a) == len(b)
+            torch.testing.assert_close(a.boxes, b.boxes, atol=1e-3, rtol=1e-4)
+            torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
+        else:
+            torch.testing.assert_close(a.probs, b.probs, atol=1e-5, rtol=1e-4)
+
+
+def test_another_shape_runs_eager_with_one_line(caplog):
+    p = _predictor("yolo9-t", "cuda", True)
+    images = torch.stack([p.prepare(f.image)[0] for f in _frames(4)])
+    p.infer(images)
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        p.infer(images[:, :, :128, :128].contiguous())
+        p.infer(images[:, :, :128, :128].contiguous())
+    assert caplog.text.count("runs eager") == 1 and p.graph.eager_calls == 2 and p.graph.replays == 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_predict_agrees_with_cpu(arch):
+    frames = _frames(4)
+    cpu = _outputs(_predictor(arch, "cpu", False), frames)
+    cuda = _outputs(_predictor(arch, "cuda", True), frames)
+    for a, b in zip(cpu, cuda):
+        if a.task == "detect":
+            # Near-equal scores may swap places between devices: each of CPU's best boxes has a twin.
+            assert len(a) > 0 and len(b) > 0
+            gap = (a.boxes[:5, None] - b.boxes[None]).abs().amax(-1).amin(1)
+            assert (gap < 0.05).all(), gap
+        else:
+            torch.testing.assert_close(a.probs, b.probs, atol=1e-4, rtol=1e-3)
+
+
+def test_graphed_float16_batch1_predict_has_one_graph_and_no_eager_forward():
+    torch.manual_seed(0)
+    p = Predictor(resolve_model("yolo9-t"), imgsz=640, batch=1, device="cuda", cuda_graph=True)
+    results = [r for _, r in p.run(_frames(5), PostOptions())]
+    assert len(results) == 5 and p.graph.replays == 5 and p.graph.eager_calls == 0
+    assert p.precision.describe().startswith("float16")
