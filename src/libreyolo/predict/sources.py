@@ -248,7 +248,7 @@ class _VideoFile:
     frames are decoded when iterated."""
 
     def __init__(self, path: Path, stride: int):
-        av = _import_av()
+        av = import_av()
         self.path, self.stride = path, stride
         try:
             with av.open(str(path)) as container:
@@ -267,7 +267,7 @@ class _VideoFile:
         self.fps = rate / stride
 
     def frames(self) -> Iterator[_Yield]:
-        av = _import_av()
+        av = import_av()
         n = -1
         try:
             with av.open(str(self.path)) as container:
@@ -286,7 +286,7 @@ class _VideoFile:
 _Item = _ImageFile | _InMemory | _VideoFile
 
 
-def _import_av():
+def import_av():
     try:
         import av
     except ImportError:
