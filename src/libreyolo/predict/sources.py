@@ -54,14 +54,15 @@ class Frame:
     image: torch.Tensor
     name: str                   # 'img.jpg', 'clip.mp4', 'image3' (in memory: 'image' + index)
     path: str | None            # the file it was read from; None in memory
-    frame: int | None           # 0-based frame number in its video (before vid_stride); None for a still
+    frame: int | None           # 0-based number in its video, counting the frames vid_stride drops; None for a still
     index: int                  # 0-based position among the frames the source yielded
     fps: float | None = None    # a video's rate of yielded frames (its fps / vid_stride); None for a still
 
 
 class Source:
-    """A checked source: `kind`, `total` (frames it will yield when known), `fps` (a lone video's
-    yielded frame rate), and iteration yielding `Frame`s lazily. `skipped` counts the files the
+    """A checked source: `kind`, `total` (the frames it will yield when known, files that turn out
+    not to decode included), `fps` (a lone video's yielded frame rate), and iteration yielding
+    `Frame`s lazily. `skipped` counts the files the
     last iteration could not decode. `len()` is `total`, a TypeError when unknown (as for any
     iterator without a length: progress bars then count without a total)."""
 
@@ -116,7 +117,10 @@ def open_source(source: Any, vid_stride: int = 1) -> Source:
         for i, entry in enumerate(source):
             if isinstance(entry, (list, tuple)):
                 raise DataError(f"source list entry {i} is itself a list: pass one flat list")
-            items += _items(entry, vid_stride, strict=False)[1]
+            try:
+                items += _items(entry, vid_stride, strict=False)[1]
+            except DataError as exc:  # which entry: ten arrays look alike
+                raise DataError(f"source list entry {i}: {exc}") from None
         return Source("list", items)
     kind, items = _items(source, vid_stride, strict=True)
     return Source(kind, items)
