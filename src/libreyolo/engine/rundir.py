@@ -4,6 +4,7 @@ before writing anything but its arguments."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -14,6 +15,15 @@ from ..errors import LibreYOLOError
 log = logging.getLogger("libreyolo")
 
 
+def run_dir_candidates(project: str | Path, name: str) -> Iterator[Path]:
+    """project/name, project/name2, name3, ...: the names a new run directory tries, in order
+    (a LibreYOLOError once they run out). Shared by make_run_dir and predict's output folder."""
+    root = Path(project)
+    for i in range(1, 10_000):
+        yield root / (name if i == 1 else f"{name}{i}")
+    raise LibreYOLOError(f"too many run directories named '{name}' under '{project}'")
+
+
 def make_run_dir(project: str, name: str, exist_ok: bool) -> Path:
     """project/name, or project/name2, name3, ... unless exist_ok (created atomically)."""
     root = Path(project)
@@ -22,14 +32,12 @@ def make_run_dir(project: str, name: str, exist_ok: bool) -> Path:
         path = root / name
         path.mkdir(parents=True, exist_ok=True)
         return path
-    for i in range(1, 10_000):
-        path = root / (name if i == 1 else f"{name}{i}")
+    for path in run_dir_candidates(root, name):
         try:
             path.mkdir()
             return path
         except FileExistsError:
             continue
-    raise LibreYOLOError(f"too many run directories named '{name}' under '{project}'")
 
 
 def write_args(run_dir: Path, cfg: TrainConfig) -> None:

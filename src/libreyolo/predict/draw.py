@@ -1,0 +1,234 @@
+"""Predictions drawn onto their images, and the images and videos `predict` saves.
+
+`annotate` draws a Result on a copy of its image: detection boxes with "name score" labels through
+torchvision.utils.draw_bounding_boxes (one colour per class id from a fixed palette, so a class
+keeps its colour across images and runs), or a classification's top classes as "name prob" lines
+in the top-left corner through PIL.ImageDraw. Both fonts are Pillow's default, which is embedded
+in Pillow itself: nothing is downloaded, drawing works offline.
+
+`Saver` writes what `annotate` returns under the run directory, which `predict_dir` names like
+training's (runs/predict/exp, exp2, ...) and which Saver creates with its first file: a run that
+fails on its inputs, or saves nothing, leaves no folder. Every file is written under a temp name
+and renamed when complete, so an interrupted run never leaves a half-written file under a final
+name (a still image at once, a video when its last frame is in).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import ImageDraw, ImageFont
+from torchvision.io import encode_jpeg, encode_png
+from torchvision.transforms.v2 import functional as TF
+from torchvision.utils import draw_bounding_boxes
+
+from ..atomic import atomic_path
+from ..engine.rundir import run_dir_candidates
+from .results import TOP_K, Result
+from .sources import DEFAULT_FPS, Frame, import_av
+
+# Okabe and Ito's colour-blind-safe colours (less black), then six more; light enough for the
+# black label text on them. Class c is PALETTE[c % len(PALETTE)].
+PALETTE = ((230, 159, 0), (86, 180, 233), (0, 158, 115), (240, 228, 66), (213, 94, 0), (204, 121, 167),
+           (0, 170, 230), (148, 210, 90), (255, 127, 127), (170, 150, 255), (0, 200, 200), (255, 110, 190))
+JPEG_QUALITY = 95
+VIDEO_CODECS = ("libx264", "mpeg4")  # preferred first; mpeg4 is FFmpeg's own encoder, in every build
+
+
+def default_line_width(height: int, width: int) -> int:
+    """Box outline in pixels: 2 for a 640 px image, growing with the image's mean side."""
+    return max(1, round((height + width) / 2 * 0.003))
+
+
+def annotate(image: torch.Tensor, result: Result, *, line_width: int | None = None) -> torch.Tensor:
+    """`image` (RGB uint8 [3, h, w]) with `result` drawn on it, as a new tensor of the same shape;
+    `image` itself is not modified. `line_width`: the box outline (default: scaled to the image)."""
+    img = image.detach().cpu()
+    if result.probs is not None:
+        return _draw_top_classes(img, result)
+    if not len(result):
+        return img.clone()
+    h, w = img.shape[-2:]
+    lw = default_line_width(h, w) if line_width is None else line_width
+    boxes = result.boxes.detach().float().cpu().clone()
+    boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w - 1)  # draw_bounding_boxes wants boxes inside the image
+    boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h - 1)
+    order = torch.arange(len(boxes) - 1, -1, -1)  # scores are sorted decreasing: the best is drawn last, on top
+    classes = result.classes.cpu()[order].tolist()
+    scores = result.scores.cpu()[order].tolist()
+    labels = [f"{result.label(c)} {s:.2f}" for c, s in zip(classes, scores)]
+    colors = [PALETTE[c % len(PALETTE)] for c in classes]
+    return draw_bounding_boxes(img, boxes[order], labels=labels, colors=colors, width=lw, fill_labels=True)
+
+
+def _draw_top_classes(img: torch.Tensor, result: Result) -> torch.Tensor:
+    """The TOP_K most probable classes, best first, white on black in the top-left corner."""
+    h, w = img.shape[-2:]
+    probs = result.probs.detach().float().cpu()
+    values, ids = probs.topk(min(TOP_K, len(probs)))
+    size = max(10, round(min(h, w) / 24))  # font px: 10 at 240 px, 27 at 640 px
+    font = _font(size)
+    pil = TF.to_pil_image(img)  # a copy: the tensor is not drawn on
+    draw = ImageDraw.Draw(pil)
+    pad = max(1, size // 5)
+    y = pad
+    for v, c in zip(values.tolist(), ids.tolist()):
+        text = f"{result.label(c)} {v:.2f}"
+        left, top, right, bottom = draw.textbbox((pad, y), text, font=font)
+        draw.rectangle((left - pad, top - pad, right + pad, bottom + pad), fill=(0, 0, 0))
+        draw.text((pad, y), text, fill=(255, 255, 255), font=font)
+        y = bottom + 2 * pad
+    return TF.pil_to_tensor(pil)
+
+
+def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    """Pillow's embedded Aileron at `size` px; its fixed bitmap font where Pillow is older than 10.1
+    or built without FreeType."""
+    try:
+        return ImageFont.load_default(size)
+    except (TypeError, ImportError, OSError):
+        return ImageFont.load_default()
+
+
+def predict_dir(project: str | Path = "runs/predict", name: str = "exp", exist_ok: bool = False) -> Path:
+    """Where a predict run saves: project/name with exist_ok, else the first of project/name,
+    name2, name3, ... that does not exist (training's numbering). Not created here: Saver creates
+    it with its first file."""
+    if exist_ok:
+        return Path(project) / name
+    return next(path for path in run_dir_candidates(project, name) if not path.exists())
+
+
+class Saver:
+    """Saves annotated frames under `save_dir` (created with the first file).
+
+    A still image read from a file becomes `<stem>.jpg` (`<stem>.png` for a png); an in-memory one
+    `image<index>.jpg`; the frames of a video one `<stem>.mp4` at the video's yielded frame rate.
+    Two inputs with the same output name (a list naming a/x.jpg and b/x.jpg) give x.jpg and
+    x_2.jpg: nothing of this run is overwritten. Use it as a context manager, or call `close()`:
+    a video's file appears when the video ends (its last frame, the next input, or close); leaving
+    the `with` block on an exception deletes the unfinished video instead."""
+
+    def __init__(self, save_dir: Path):
+        self.save_dir = Path(save_dir)
+        self._taken: set[str] = set()  # lower-case: a.JPG and a.jpg are one file on macOS and Windows
+        self._video: _VideoWriter | None = None
+
+    def save(self, frame: Frame, annotated: torch.Tensor) -> Path:
+        """Write `annotated` (RGB uint8 [3, h, w]) for `frame`; the path it is (for a video frame:
+        will be, once the video is finished) saved under."""
+        img = annotated.detach().cpu().contiguous()
+        stem = Path(frame.name).stem
+        if frame.frame is not None:
+            video = self._video
+            if video is None or video.source != frame.path or frame.frame <= video.last:  # a new video
+                self._finish_video()
+                video = self._video = _VideoWriter(self._claim(f"{stem}.mp4"), frame.path,
+                                                   frame.fps or DEFAULT_FPS, *img.shape[-2:])
+            video.write(img, frame.frame)
+            return video.path
+        self._finish_video()
+        png = frame.path is not None and Path(frame.path).suffix.lower() == ".png"
+        path = self._claim(f"{stem}.png" if png else f"{stem}.jpg")
+        data = encode_png(img) if png else encode_jpeg(img, quality=JPEG_QUALITY)
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(data.numpy().tobytes())
+        return path
+
+    def close(self) -> None:
+        """Finish the video being written, if any."""
+        self._finish_video()
+
+    def __enter__(self) -> Saver:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is None:
+            self.close()
+        elif self._video is not None:
+            self._video.abort(exc)
+            self._video = None
+
+    def _finish_video(self) -> None:
+        if self._video is not None:
+            video, self._video = self._video, None
+            video.finish()
+
+    def _claim(self, name: str) -> Path:
+        """`name` in save_dir, or name_2, name_3, ... if this run already used it."""
+        stem, suffix = os.path.splitext(name)
+        candidate, k = name, 1
+        while candidate.lower() in self._taken:
+            k += 1
+            candidate = f"{stem}_{k}{suffix}"
+        self._taken.add(candidate.lower())
+        return self.save_dir / candidate
+
+
+class _VideoWriter:
+    """One mp4 in the making: encoded into a temp file beside `path` (atomic_path), renamed to
+    `path` by finish(), deleted by abort()."""
+
+    def __init__(self, path: Path, source: str | None, fps: float, height: int, width: int):
+        self.av = import_av()
+        self.path, self.source, self.last = path, source, -1
+        self._target = atomic_path(path)
+        self._out = None
+        tmp = self._target.__enter__()
+        try:
+            self._out = self.av.open(str(tmp), mode="w", format="mp4")  # the temp name has no .mp4
+            codec = _video_codec(self.av)
+            self._stream = self._out.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
+            # yuv420p stores colour per 2x2 pixels, so both sides must be even: write() pads an odd
+            # side with a copy of the last row or column.
+            self._stream.width, self._stream.height = width + width % 2, height + height % 2
+            self._stream.pix_fmt = "yuv420p"
+            if codec == "mpeg4":  # its default 200 kb/s smears the boxes and labels
+                self._stream.bit_rate = max(1_000_000, int(0.15 * width * height * fps))
+        except BaseException as exc:
+            self.abort(exc)
+            raise
+
+    def write(self, image: torch.Tensor, frame: int) -> None:
+        if image.shape[1] % 2:
+            image = torch.cat([image, image[:, -1:]], 1)
+        if image.shape[2] % 2:
+            image = torch.cat([image, image[:, :, -1:]], 2)
+        hwc = np.ascontiguousarray(image.permute(1, 2, 0).numpy())
+        self._out.mux(self._stream.encode(self.av.VideoFrame.from_ndarray(hwc, format="rgb24")))
+        self.last = frame
+
+    def finish(self) -> None:
+        try:
+            self._out.mux(self._stream.encode(None))  # flush the encoder's delayed frames
+            self._out.close()
+        except BaseException as exc:
+            self.abort(exc)
+            raise
+        self._target.__exit__(None, None, None)  # rename to the final name
+
+    def abort(self, exc: BaseException) -> None:
+        if self._out is not None:
+            with contextlib.suppress(Exception):  # the temp file is deleted whatever state it is in
+                self._out.close()
+        self._target.__exit__(type(exc), exc, exc.__traceback__)  # deletes the temp file
+
+
+def _video_codec(av) -> str:
+    """The first of VIDEO_CODECS this PyAV build can encode, the last one in any case."""
+    return next((name for name in VIDEO_CODECS[:-1] if _can_encode(av, name)), VIDEO_CODECS[-1])
+
+
+def _can_encode(av, name: str) -> bool:
+    """Asked of the encoder itself: `av.codecs_available` also lists decoders ('h264' is there in
+    builds that cannot encode it)."""
+    try:
+        av.Codec(name, "w")
+    except ValueError:  # av's UnknownCodecError
+        return False
+    return True
