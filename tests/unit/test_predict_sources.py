@@ -164,9 +164,8 @@ def test_unusable_sources_are_one_line_before_decoding(tmp_path, make, expect):
 
 def test_a_lone_image_that_does_not_decode_names_the_file(tmp_path):
     (tmp_path / "a.jpg").write_bytes(b"truncated")
-    source = open_source(tmp_path / "a.jpg")  # checked at open: exists, is an image by its name
-    with pytest.raises(DataError) as exc:
-        list(source)
+    with pytest.raises(DataError) as exc:  # checked at open, before a model is built
+        open_source(tmp_path / "a.jpg")
     assert "a.jpg: does not decode" in one_line(exc)
 
 

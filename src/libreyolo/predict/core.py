@@ -182,18 +182,20 @@ class Predictor:
 def predict(predictor_for, source: Any, options: dict[str, Any]) -> Iterator[Result]:
     """Results for `source` with checked `options` (check_options); annotated files saved when
     options['save']. `predictor_for(options)` supplies the Predictor (cached by the caller)."""
+    from ..model import checking_inputs
     from .draw import Saver, annotate, predict_dir
     from .sources import open_source
 
     frames = open_source(source, vid_stride=options["vid_stride"])
-    predictor = predictor_for(options)
+    with checking_inputs():  # a model that fails to build prints its one line, nothing before it
+        predictor = predictor_for(options)
     opts = PostOptions(options["conf"], options["iou"], options["max_det"], options["multi_label"])
     saver = Saver(predict_dir(options["project"], options["name"], options["exist_ok"])) if options["save"] else None
     from ..logs import progress_bar
 
     show = options["progress"] and frames.kind in ("folder", "glob", "video", "list")
     with saver if saver is not None else contextlib.nullcontext(), \
-            progress_bar(predictor.run(frames, opts), show, "predicting", total=len(frames) or None) as pairs:
+            progress_bar(predictor.run(frames, opts), show, "predicting", total=frames.total) as pairs:
         for frame, result in pairs:
             if saver is not None:
                 result.extra["saved"] = str(saver.save(frame, annotate(frame.image, result)))

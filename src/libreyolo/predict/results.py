@@ -18,7 +18,7 @@ TOP_K = 5  # the classes a classification result lists (to_dict), best first
 
 @dataclass
 class Result:
-    name: str                       # 'img.jpg', 'clip.mp4', 'array0': what the user calls the image
+    name: str                       # 'img.jpg', 'clip.mp4', 'image0' (in memory): what the user calls the image
     path: str | None                # the file it was read from; None for an in-memory image
     frame: int | None               # the frame number in a video, None for a still image
     orig_shape: tuple[int, int]     # (height, width) of the image as read

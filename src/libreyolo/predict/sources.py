@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as TF
 
+from ..data.classify import image_ok
 from ..data.dataset import decode_rgb
 from ..data.dataset_yaml import IMAGE_SUFFIXES
 from ..errors import ConfigError, DataError
@@ -225,9 +226,12 @@ class _ImageFile:
 
     def __init__(self, path: Path, strict: bool):
         self.path, self.strict = path, strict
+        if strict and not image_ok(path):  # a lone image is checked up front, before any model is built
+            raise DataError(f"{path}: does not decode (truncated or not an image)")
 
     def frames(self) -> Iterator[_Yield]:
-        image = decode_rgb(self.path)
+        # image_ok first: it is silent, where libpng prints its own line on a broken PNG.
+        image = decode_rgb(self.path) if self.strict or image_ok(self.path) else None
         if image is None:
             if self.strict:
                 raise DataError(f"{self.path}: does not decode (truncated or not an image)")
