@@ -45,7 +45,7 @@ def ours(model: str, batch: int, arm: str, n: int) -> dict:
     import torch
 
     from libreyolo import LibreYOLO
-    from libreyolo.predict.core import check_options
+    from libreyolo.predict.options import check_options
     from libreyolo.predict.post import PostOptions
     from libreyolo.predict.sources import open_source
 

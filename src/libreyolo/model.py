@@ -299,8 +299,8 @@ class LibreYOLO:
         project/name), project, name, exist_ok, vid_stride, workers; and `multi_label` (a
         candidate per class above conf, as validation does) and `progress` (a bar on a terminal).
         The model is built once per (imgsz, batch, device, amp, amp_dtype, cuda_graph)."""
-        from .predict.core import check_options
         from .predict.core import predict as run
+        from .predict.options import check_options
 
         opts = check_options({"save": False, **options})
         results = run(self._predictor, source, opts)

@@ -15,8 +15,9 @@ from libreyolo.eval.postprocess import postprocess
 from libreyolo.families import REGISTRY
 from libreyolo.model import LibreYOLO, resolve_model
 from libreyolo.names import arch_name
-from libreyolo.predict.core import Predictor, check_options
+from libreyolo.predict.core import Predictor
 from libreyolo.predict.graph import InferenceGraph
+from libreyolo.predict.options import check_options
 from libreyolo.predict.post import PostOptions
 from libreyolo.tasks import get_task
 

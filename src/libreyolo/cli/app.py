@@ -208,7 +208,7 @@ def val(ctx: typer.Context,
 
 
 def _predict_help() -> str:
-    from ..predict.core import KEYS
+    from ..predict.options import KEYS
 
     width = max(len(k) for k in KEYS) + 1
     shown = {k: "ckpt*" if k == "imgsz" else "auto" if k == "device" else
@@ -243,7 +243,7 @@ def predict(ctx: typer.Context,
     import time
 
     from ..config import FIELDS
-    from ..predict.core import KEYS
+    from ..predict.options import KEYS
     from .grammar import parse_overrides
     from .precheck import check_model, check_source
 
@@ -258,8 +258,8 @@ def predict(ctx: typer.Context,
     check_model(model)  # before importing torch: a missing file answers instantly
     check_source(source)
     from ..model import LibreYOLO
-    from ..predict.core import check_options
     from ..predict.core import predict as run
+    from ..predict.options import check_options
 
     opts = check_options({**args, "progress": True})
     lib = LibreYOLO(model)
