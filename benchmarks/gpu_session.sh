@@ -27,6 +27,10 @@
 #                    each eager and graphed (peak memory in the records)
 #   train-cls        ResNet-18 and MobileNetV4-s from scratch on shapes-cls at 224, float16, graphed,
 #                    CLS_EPOCHS epochs (default 30): wall time and top-1
+#   predict-bench    predict images/s and latency, YOLOv9-t, YOLOX-t, RTMDet-t at 640 float16, batch 1, 8, 32,
+#                    eager and graphed, pre/post-processing included (benchmarks/predict_bench.py); with
+#                    PEER=1 the peer's predict on YOLOv9-t as a reference row (needs .whl/peer)
+#   profile-infer    `libreyolo profile infer` YOLOv9-t batch 1 at 640 float16, eager and graphed
 #   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, 100 epochs
 #   train-yolox      YOLOX-t from scratch on shapes at 640, float16, graphed (capture invalidated
 #                    and re-taken when the L1 branch turns on at no_aug_epochs)
@@ -125,6 +129,20 @@ stage_run() {
       for m in resnet18 mobilenetv4-s; do
         DATA=shapes-cls train "cls_$m" model=$m epochs=${CLS_EPOCHS:-30} batch=64 workers=8 amp_dtype=float16 \
           cuda_graph=true
+      done ;;
+    predict-bench)
+      YOLO_CONFIG_DIR=/tmp/peer-cfg python3 benchmarks/predict_bench.py --models ${PREDICT_MODELS:-yolo9-t yolox-t rtmdet-t} \
+        --batches ${PREDICT_BATCHES:-1 8 32} --arms eager,graph ${PEER:+--peer-python /tmp/peer-python} \
+        --out "$out/predict_bench.json" > "$out/predict_bench.md"
+      cat "$out/predict_bench.md" ;;
+    profile-infer)
+      for arm in eager graph; do
+        extra=""; [ "$arm" = graph ] && extra="cuda_graph=true"
+        (cd /tmp && python3 -m libreyolo profile infer yolo9-t --batch 1 --imgsz 640 amp_dtype=float16 \
+          project="$runs/profile-infer-$arm" $extra > "$out/profile_infer_$arm.log" 2>&1)
+        d=$(ls -d "$runs/profile-infer-$arm"/* | tail -1)
+        mkdir -p "$out/profile_infer_$arm" && cp "$d"/profile.json "$d"/profile_summary.json "$out/profile_infer_$arm/"
+        tail -30 "$out/profile_infer_$arm.log"
       done ;;
     bench-families-bs)
       matrix step_families_b2_b32 --models yolox-t rtmdet-t --batches 2 32 --arms float16,float16+graph ;;
