@@ -1,8 +1,8 @@
-"""`libreyolo profile`: measure a window of real training steps, then read the results.
+"""`libreyolo profile`: measure a window of real training or inference steps, then read the results.
 
-`run` trains just long enough to fill the profiler's window. `summary`, `phases` and `kernels`
-read a profile.json only (no torch, no model code): they answer instantly and work on a copy in
-another folder.
+`run` trains just long enough to fill the profiler's window; `infer` runs predict's steps on
+images for one window (profiler/infer.py). `summary`, `phases` and `kernels` read a profile.json
+only (no torch, no model code): they answer instantly and work on a copy in another folder.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from .app import EXTRA, setup_logging, user_errors
 
 profile_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                           context_settings={"help_option_names": ["-h", "--help"]},
-                          help="Profile training: which lever (workers, cuda_graph, amp) will help.")
+                          help="Profile training or inference: which lever (workers, cuda_graph, amp, batch) "
+                               "will help.")
 
 DEFAULT_FAMILY, DEFAULT_SIZE = "yolo9", "s"
 # Keys `profile run` sets itself, and what to do instead.
@@ -26,6 +27,13 @@ RESERVED = {
     "epochs": "profile run trains just enough epochs to fill the window; set profile_skip/profile_steps",
     "profile": "profile run always profiles",
     "resume": "profile run always starts fresh",
+}
+# `profile infer` takes these as options, not as key=value.
+INFER_OPTIONS = {
+    "model": "give the model as the first argument: libreyolo profile infer MODEL",
+    "source": "give the images as --source PATH",
+    "batch": "give it as --batch N",
+    "imgsz": "give it as --imgsz S",
 }
 
 
@@ -84,19 +92,81 @@ def run(ctx: typer.Context,
     check_model(weights)  # before resolve_weights imports torch: a missing file answers instantly
     check_data(data)
     model = resolve_weights(weights, size)
-    from ..profiler.artifacts import load_profile, summary
     from ..profiler.repeat import run_once, run_trials
-    from ..profiler.report import print_repeat, print_report
 
     if repeat == 1:
-        run_dir = run_once(model, data, overrides)
-        profile = load_profile(run_dir)
-        if as_json:
-            typer.echo(json.dumps({"run_dir": str(run_dir), **summary(profile)}, indent=1))
-        else:
-            print_report(profile, file=sys.stdout, read_from=run_dir)
-        return
-    parent, rep = run_trials(model, data, overrides, repeat)
+        _show_profile(run_once(model, data, overrides), as_json)
+    else:
+        _show_trials(*run_trials(model, data, overrides, repeat), as_json)
+
+
+@profile_app.command(context_settings=EXTRA)
+@user_errors
+def infer(ctx: typer.Context,
+          model: str = typer.Argument(..., metavar="MODEL", help="Model: architecture (yolo9-t), official weights "
+                                                                 "name or checkpoint."),
+          batch: int = typer.Option(1, "--batch", help="Images per forward (default 1: the latency case)."),
+          imgsz: int | None = typer.Option(None, "--imgsz", help="Network input size, a multiple of 32 (default: the "
+                                                                 "checkpoint's training size, else the family's)."),
+          source: str | None = typer.Option(None, "--source", help="Images: a file, a folder or a glob (default: "
+                                                                   "the built-in validation images of the model's "
+                                                                   "task, shapes or shapes-cls)."),
+          repeat: int = typer.Option(1, "--repeat", min=1, help="Trials, each in its own process; reports mean ± std."),
+          as_json: bool = typer.Option(False, "--json", help="Print the summary (or the repeat aggregate) as JSON.")
+          ) -> None:
+    """Profile inference: libreyolo profile infer MODEL [--batch N] [--imgsz S] [--source PATH] [--repeat N] [key=value ...]
+
+    Runs predict's own steps over the images, cycling, for one profiler window (profile_skip, then
+    profile_steps), into runs/profile/infer (infer2, ...), and prints the same report as profile
+    run: verdict, the lever to pull (batch, cuda_graph, amp, workers), phases and top kernels.
+    Phases: data (decode, then letterbox or crop: the wait for a prepared batch), h2d, forward,
+    postprocess (NMS and the copy of the results to the host). Keys: device, amp, amp_dtype,
+    cuda_graph (needs profile_skip >= 3), workers (prepare threads, default 2; 0: on the loop's
+    thread), conf, iou, max_det, profile_skip, profile_steps, project, name, exist_ok. Files:
+    profile.json, profile_summary.json, profile_trace.json (Perfetto, HTA), timeline.html, args.yaml.
+    """
+    from ..config import FIELDS
+    from ..errors import ConfigError
+    from .grammar import parse_overrides, split_pairs
+    from .precheck import check_model, check_source
+
+    setup_logging()
+    if "=" in model and model.split("=", 1)[0] in FIELDS:
+        raise ConfigError(f"'{model}' is a key=value, not a model: libreyolo profile infer MODEL [key=value ...]")
+    for key, _ in split_pairs(ctx.args):
+        if key in INFER_OPTIONS:
+            raise ConfigError(f"'{key}' is not a key=value of profile infer: {INFER_OPTIONS[key]}")
+    check_model(model)  # before torch is imported: a missing file answers instantly
+    check_source(source)
+    from ..profiler.infer import KEYS
+    from ..profiler.infer import run_once as infer_once
+    from ..profiler.repeat import run_trials
+
+    overrides = parse_overrides(ctx.args, allowed=set(KEYS) - set(INFER_OPTIONS))
+    overrides.update({"batch": batch, **({"imgsz": imgsz} if imgsz is not None else {}),
+                      **({"source": source} if source is not None else {})})
+    if repeat == 1:
+        _show_profile(infer_once(model, overrides), as_json)
+    else:
+        _show_trials(*run_trials(model, None, overrides, repeat, mode="infer"), as_json)
+
+
+def _show_profile(run_dir, as_json: bool) -> None:
+    """One profile's report, or its summary as JSON, on stdout."""
+    from ..profiler.artifacts import load_profile, summary
+    from ..profiler.report import print_report
+
+    profile = load_profile(run_dir)
+    if as_json:
+        typer.echo(json.dumps({"run_dir": str(run_dir), **summary(profile)}, indent=1))
+    else:
+        print_report(profile, file=sys.stdout, read_from=run_dir)
+
+
+def _show_trials(parent, rep: dict, as_json: bool) -> None:
+    """A --repeat run's aggregate on stdout."""
+    from ..profiler.report import print_repeat
+
     if as_json:
         typer.echo(json.dumps({"run_dir": str(parent), **rep}, indent=1))
     else:

@@ -30,6 +30,14 @@ union of the kernels those steps launched, U = B / W the utilisation and I = W -
 
 On CPU there are no kernels: U = (W - data wait) / W, and the verdict is `compute-bound` when
 U >= COMPUTE_BOUND_UTIL, else `dataloader-bound` (waiting for data is the only idle a CPU step has).
+
+Inference windows (`libreyolo profile infer`, mode "infer") use the same rules and thresholds with
+two differences. The step must bring its results to the host: NMS (`nonzero`, data-dependent
+shapes) and the copy of the detections sync by design, once per batch, so the syncs inside the
+`postprocess` phase do not count towards HOST_SYNCS_PER_STEP (the long gaps they leave still do).
+And the levers are inference's: prepare threads (`workers`) and the source's decoding for a data
+wait, `cuda_graph=true` (the forward captured at the first batch) for launches, amp and the
+batch/imgsz for compute, the batch and conf for postprocess.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from pathlib import Path
 
-from .markers import PHASES
+from .markers import PHASES_BY_MODE
 
 BUSY_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
@@ -278,16 +286,31 @@ def verdict(f: dict) -> dict:
     """The verdict from first-half figures (see the module docstring for the rules).
 
     `f` keys: cuda, utilisation, step_ms, data_ms, idle_data_ms, idle_short_ms, idle_long_ms,
-    syncs_per_step, kernels_per_step, kernel_median_us, host_phases [(name, ms)], workers, precision.
+    syncs_per_step, kernels_per_step, kernel_median_us, host_phases [(name, ms)], workers, precision;
+    optional: graphed, mode ("train" when absent, or "infer") and, for "infer",
+    postprocess_syncs_per_step.
     """
+    infer = f.get("mode") == "infer"
     util, data_share = f["utilisation"], f["data_ms"] / max(f["step_ms"], 1e-9)
-    wait = f"the loop waited for the next batch {data_share:.0%} of the step ({f['data_ms']:.1f} of {f['step_ms']:.1f} ms)"
-    data_lever = f"more dataloader workers (workers={f['workers']} now) or cache=ram"
+    if infer:
+        wait = (f"the loop waited for the next prepared batch (decode, then letterbox or crop) {data_share:.0%} of "
+                f"the step ({f['data_ms']:.1f} of {f['step_ms']:.1f} ms)")
+        data_lever = (f"more prepare threads (workers={f['workers']} now), or a source that decodes faster: images "
+                      "are decoded on the loop's thread before the threads prepare them (smaller files, frames "
+                      "already in memory)")
+    else:
+        wait = f"the loop waited for the next batch {data_share:.0%} of the step ({f['data_ms']:.1f} of {f['step_ms']:.1f} ms)"
+        data_lever = f"more dataloader workers (workers={f['workers']} now) or cache=ram"
     if util >= COMPUTE_BOUND_UTIL:
         reason = (f"GPU kernels busy {util:.0%} of the step" if f["cuda"] else
                   f"the CPU computes {util:.0%} of the step ({1 - util:.0%} waiting for data)")
         if not f["cuda"]:
             lever = "a CUDA device (amp and CUDA graphs are GPU-only); on CPU, a smaller imgsz or model"
+        elif infer and f["precision"] == "float32":
+            lever = "amp=true (float16, or amp_dtype=bfloat16), then a larger batch for more images/s"
+        elif infer:
+            lever = ("a smaller imgsz or model (kernels are already in reduced precision); a larger batch raises "
+                     "images/s at the cost of latency")
         elif f["precision"] == "float32":
             lever = "amp=True with amp_dtype=bfloat16 (or float16 before Ampere), then a larger batch"
         else:
@@ -296,7 +319,17 @@ def verdict(f: dict) -> dict:
     if not f["cuda"] or f["idle_data_ms"] >= max(f["idle_short_ms"], f["idle_long_ms"]):
         return {"name": "dataloader-bound", "reason": wait, "lever": data_lever}
     top = ", ".join(f"{n} {ms:.1f} ms" for n, ms in f["host_phases"][:3])
-    if f["syncs_per_step"] >= HOST_SYNCS_PER_STEP or f["idle_long_ms"] > f["idle_short_ms"]:
+    post = f.get("postprocess_syncs_per_step", 0.0)  # inference's syncs by design (module docstring)
+    syncs = f["syncs_per_step"] - post
+    if infer and (syncs >= HOST_SYNCS_PER_STEP or f["idle_long_ms"] > f["idle_short_ms"]):
+        reason = (f"GPU idle {1 - util:.0%} of the step while the CPU does other work: {syncs:.1f} host syncs per "
+                  f"step outside postprocess ({post:.1f} in it: NMS and the copy of the results); top host "
+                  f"phases: {top}")
+        lever = ("remove the host syncs outside postprocess (in the phases above)" if syncs >= HOST_SYNCS_PER_STEP
+                 else "a larger batch (postprocess and its syncs are paid once per batch), or a higher conf "
+                      "(fewer boxes into NMS)")
+        return {"name": "host-bound", "reason": reason, "lever": lever}
+    if syncs >= HOST_SYNCS_PER_STEP or f["idle_long_ms"] > f["idle_short_ms"]:
         return {"name": "host-bound",
                 "reason": (f"GPU idle {1 - util:.0%} of the step while the CPU does other work: "
                            f"{f['syncs_per_step']:.1f} host syncs per step; top host phases: {top}"),
@@ -305,9 +338,15 @@ def verdict(f: dict) -> dict:
               f"(median {f['kernel_median_us']:.0f} us) while the CPU launches them")
     if f.get("graphed"):
         # The network already replays as one graph: what still launches one kernel at a time is
-        # the eager part of the step (loss, its backward, optimizer, EMA).
+        # the eager part of the step (training: loss, its backward, optimizer, EMA; inference: NMS).
+        if infer:
+            return {"name": "launch-bound", "reason": f"{reason}; the forward already replays as a CUDA graph",
+                    "lever": f"a larger batch (amortises the eager postprocess launches; top host phases: {top})"}
         return {"name": "launch-bound", "reason": f"{reason}; the network already runs as a CUDA graph",
                 "lever": f"a larger batch (amortises the eager loss/optimizer launches; top host phases: {top})"}
+    if infer:
+        return {"name": "launch-bound", "reason": reason,
+                "lever": "cuda_graph=true (inference capture: the forward replays as one graph), or a larger batch"}
     return {"name": "launch-bound", "reason": reason,
             "lever": "cuda_graph=True (launch the network as one graph), or a larger batch"}
 
@@ -334,9 +373,10 @@ def _fill_first_half(first: list[dict], events: list[dict], syncs: list[float], 
 
 
 def analyse_first_half(steps: list[dict], events: list[dict], syncs: list[float], cuda: bool,
-                       workers: int, precision: str, graphed: bool = False) -> dict:
+                       workers: int, precision: str, graphed: bool = False, mode: str = "train") -> dict:
     """The window's utilisation, idle split and verdict from the unsynchronised half (per-step
-    figures are filled into `steps` too). `graphed`: the window's steps replayed a CUDA graph."""
+    figures are filled into `steps` too). `graphed`: the window's steps replayed a CUDA graph;
+    `mode`: "train" or "infer" (the step that was measured)."""
     first = [s for s in steps if s["half"] == 1]
     groups = _fill_first_half(first, events, syncs, cuda)
     n = len(first)
@@ -354,14 +394,19 @@ def analyse_first_half(steps: list[dict], events: list[dict], syncs: list[float]
          "idle_long_ms": long / 1e3 / n, "syncs_per_step": sum(s["syncs"] for s in first) / n,
          "kernels_per_step": len(durs) / n, "kernel_median_us": stats(durs)["median"] or 0.0,
          "host_phases": sorted(host.items(), key=lambda kv: -kv[1]), "workers": workers, "precision": precision,
-         "graphed": graphed}
-    return {"basis": "kernel busy / unsynchronised step time" if cuda else "(step - data wait) / step time",
-            "utilisation": f["utilisation"], "busy_ms": busy / n, "data_ms": data / n,
-            "data_frac": data / max(wall, 1e-9), "step_ms": stats(s["wall_ms"] for s in first),
-            "idle_data_ms": f["idle_data_ms"], "idle_short_gap_ms": f["idle_short_ms"],
-            "idle_long_gap_ms": f["idle_long_ms"], "syncs_per_step": f["syncs_per_step"],
-            "kernels_per_step": f["kernels_per_step"], "kernel_median_us": f["kernel_median_us"],
-            "host_phases_ms": dict(f["host_phases"]), "verdict": verdict(f)}
+         "graphed": graphed, "mode": mode}
+    out = {"basis": "kernel busy / unsynchronised step time" if cuda else "(step - data wait) / step time",
+           "utilisation": f["utilisation"], "busy_ms": busy / n, "data_ms": data / n,
+           "data_frac": data / max(wall, 1e-9), "step_ms": stats(s["wall_ms"] for s in first),
+           "idle_data_ms": f["idle_data_ms"], "idle_short_gap_ms": f["idle_short_ms"],
+           "idle_long_gap_ms": f["idle_long_ms"], "syncs_per_step": f["syncs_per_step"],
+           "kernels_per_step": f["kernels_per_step"], "kernel_median_us": f["kernel_median_us"],
+           "host_phases_ms": dict(f["host_phases"])}
+    if mode == "infer":
+        post = [(p["ts"], p["host_end"]) for s in first for p in s["phases"] if p["name"] == "postprocess"]
+        out["postprocess_syncs_per_step"] = f["postprocess_syncs_per_step"] = sum(in_spans(syncs, post)) / n
+    out["verdict"] = verdict(f)
+    return out
 
 
 def second_half_phases(steps: list[dict], events: list[dict], cuda: bool) -> None:
@@ -372,13 +417,14 @@ def second_half_phases(steps: list[dict], events: list[dict], cuda: bool) -> Non
         p["busy_ms"] = union_length((e["ts"], e["end"]) for e in group) / 1e3 if group is not None else None
 
 
-def phase_table(steps: list[dict]) -> list[dict]:
-    """Mean ms per step of each phase: host time unsynchronised (first half), synced times (second)."""
+def phase_table(steps: list[dict], mode: str = "train") -> list[dict]:
+    """Mean ms per step of each phase of the `mode`'s step (markers.PHASES_BY_MODE): host time
+    unsynchronised (first half), synced times (second)."""
     first = [s for s in steps if s["half"] == 1]
     second = [s for s in steps if s["half"] == 2]
     synced_step = sum(s["wall_ms"] for s in second) / max(len(second), 1)
     rows = []
-    for name in (*PHASES, "other"):
+    for name in (*PHASES_BY_MODE[mode], "other"):
         row = {"phase": name, "host_ms": None, "synced_ms": 0.0, "cpu_ms": None, "gpu_ms": None, "busy_ms": None,
                "steps": 0, "share": 0.0}
         if name == "other":  # inside the step, outside every phase: hooks, loss bookkeeping, the loop

@@ -40,7 +40,8 @@ def summary(profile: dict) -> dict:
     head, run = profile["headline"], profile["run"]
     out = {"schema": SUMMARY_SCHEMA, "schema_version": SCHEMA_VERSION}
     out.update({k: head.get(k) for k in SUMMARY_KEYS})
-    out.update(reason=profile["verdict"]["reason"], lever=profile["verdict"]["lever"], arch=run.get("arch"),
+    out.update(reason=profile["verdict"]["reason"], lever=profile["verdict"]["lever"],
+               mode=run.get("mode", "train"), arch=run.get("arch"),
                batch=run.get("batch"), imgsz=run.get("imgsz"), workers=run.get("workers"),
                steps=profile["window"].get("steps"))
     return out
@@ -174,8 +175,8 @@ def load_repeat(path: str | Path) -> dict:
 # a one-element list [shape] for a list of such items.
 NUM = "number|null"
 PROFILE_SHAPE: dict[str, Any] = {
-    "run": {"arch?": "any", "batch?": "any", "imgsz?": "any", "workers?": "any", "device_name?": "any",
-            "precision?": "any", "cuda_graph?": "object|null", "run_dir?": "any"},
+    "run": {"mode?": "string", "arch?": "any", "batch?": "any", "imgsz?": "any", "workers?": "any",
+            "device_name?": "any", "precision?": "any", "cuda_graph?": "object|null", "run_dir?": "any"},
     "window": {"skip?": "any", "steps?": "any", "first_half?": "any", "second_half?": "any"},
     "headline": {f"{k}?": NUM for k in ("step_ms_mean", "step_ms_std", "utilisation", "kernel_busy_ms",
                                        "data_wait_ms", "data_wait_frac", "syncs_per_step", "peak_memory_mb",
@@ -191,7 +192,8 @@ PROFILE_SHAPE: dict[str, Any] = {
     "overhead": {"fraction?": NUM, "note?": "string"},
 }
 REPEAT_SHAPE: dict[str, Any] = {"trials": "integer", "figures": "object", "verdicts": ["string"], "verdict": "string",
-                                "verdict_count": "integer", "arch?": "any", "batch?": "any", "imgsz?": "any"}
+                                "verdict_count": "integer", "mode?": "string", "arch?": "any", "batch?": "any",
+                                "imgsz?": "any"}
 FIGURE_SHAPE: dict[str, Any] = {"mean": NUM, "std": NUM, "values": [NUM]}
 _KINDS: dict[str, Any] = {
     "any": lambda v: True, "null": lambda v: v is None, "string": lambda v: isinstance(v, str),

@@ -1,4 +1,4 @@
-"""Phase markers for the training step.
+"""Phase markers for the training step and the inference step.
 
 `phase("forward")` costs one global check when no profiler is active: it returns a shared
 null context. A profiler installs a recorder with `set_recorder`; the recorder's `phase(name)`
@@ -11,6 +11,11 @@ import contextlib
 from typing import Any
 
 PHASES = ("data", "h2d", "forward", "loss", "backward", "optimizer", "ema")
+# The inference step (profiler/infer.py): the prepared batch, its upload, the network, then NMS and
+# the copy of the results to the host. Its own tuple, so a training profile's phase table keeps
+# exactly the training phases.
+INFER_PHASES = ("data", "h2d", "forward", "postprocess")
+PHASES_BY_MODE = {"train": PHASES, "infer": INFER_PHASES}
 
 _NULL = contextlib.nullcontext()
 _recorder: Any = None

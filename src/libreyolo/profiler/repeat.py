@@ -1,7 +1,8 @@
 """`libreyolo profile run`: train just long enough to fill the profile window, once or N times.
 
 One run trains in this process. `--repeat N` runs every trial in a fresh process, into
-`<run>/prof_1 ... prof_N`: one profiler session per process (a second session in the same process
+`<run>/prof_1 ... prof_N` (`profile infer --repeat N`: its inference windows, infer.py, into
+`<run>/infer_1 ... infer_N`): one profiler session per process (a second session in the same process
 can corrupt its first kernel timestamps, pytorch issue 192021) and a fresh allocator, autotuner and page
 cache state per trial, so the trials are independent samples. `<run>/profile_repeat.json` then
 holds the mean and std of every headline figure and each trial's verdict.
@@ -66,19 +67,20 @@ def run_once(model: str, data: str, overrides: dict[str, Any]) -> Path:
     return result.run_dir
 
 
-def run_trials(model: str, data: str, overrides: dict[str, Any], n: int) -> tuple[Path, dict]:
-    """N trials, each in its own process, under one new run directory; returns (it, the aggregate)."""
+def run_trials(model: str, data: str | None, overrides: dict[str, Any], n: int,
+               mode: str = "train") -> tuple[Path, dict]:
+    """N trials, each in its own process, under one new run directory; returns (it, the aggregate).
+    `mode`: "train" (profile run) or "infer" (profile infer; `data` is unused: the images are
+    overrides['source'])."""
     from ..engine.rundir import make_run_dir
-    from ..model import LibreYOLO
 
-    plan(LibreYOLO(model), data, overrides)  # a bad key or dataset fails here, once, not N times
-    base = overrides.get("name", DEFAULTS["name"])
+    base = _check(mode, model, data, overrides)  # a bad key or dataset fails here, once, not N times
     parent = make_run_dir(overrides.get("project", DEFAULTS["project"]), base, overrides.get("exist_ok", False))
     dirs = []
     for i in range(1, n + 1):
         trial = {**overrides, "project": str(parent), "name": f"{base}_{i}", "exist_ok": True}
         log.info(f"profile: trial {i}/{n} in {parent / trial['name']}")
-        spec = json.dumps({"model": model, "data": data, "overrides": trial})
+        spec = json.dumps({"mode": mode, "model": model, "data": data, "overrides": trial})
         # stderr passes through (the trial's log); the result is the trial's run directory.
         res = run_worker("libreyolo.profiler.repeat", [spec], pass_stderr=True)
         if not res.ok:
@@ -88,6 +90,28 @@ def run_trials(model: str, data: str, overrides: dict[str, Any], n: int) -> tupl
     rep = aggregate(summaries, dirs)
     write_json_atomic(parent / REPEAT_FILE, rep)
     return parent, rep
+
+
+def _check(mode: str, model: str, data: str | None, overrides: dict[str, Any]) -> str:
+    """Check the trials' model and settings in this process; returns their run directory's name."""
+    if mode == "infer":
+        from ..model import resolve_model
+        from .infer import settings
+
+        resolve_model(model)
+        return settings(model, overrides).name
+    from ..model import LibreYOLO
+
+    plan(LibreYOLO(model), data, overrides)
+    return overrides.get("name", DEFAULTS["name"])
+
+
+def _once(mode: str, model: str, data: str | None, overrides: dict[str, Any]) -> Path:
+    if mode == "infer":
+        from .infer import run_once as infer_once
+
+        return infer_once(model, overrides)
+    return run_once(model, data, overrides)
 
 
 def aggregate(summaries: list[dict], dirs: list[Path]) -> dict:
@@ -101,8 +125,8 @@ def aggregate(summaries: list[dict], dirs: list[Path]) -> dict:
     top, count = Counter(verdicts).most_common(1)[0]
     first = summaries[0]
     return {"schema": REPEAT_SCHEMA, "schema_version": SCHEMA_VERSION, "trials": len(summaries),
-            "dirs": [str(d) for d in dirs], "arch": first.get("arch"), "batch": first.get("batch"),
-            "imgsz": first.get("imgsz"), "device": first.get("device"), "figures": figures,
+            "dirs": [str(d) for d in dirs], "mode": first.get("mode", "train"), "arch": first.get("arch"),
+            "batch": first.get("batch"), "imgsz": first.get("imgsz"), "device": first.get("device"), "figures": figures,
             "verdicts": verdicts, "verdict": top, "verdict_count": count}
 
 
@@ -112,7 +136,7 @@ def _trial(spec_json: str) -> str:
 
     setup_logging()
     spec = json.loads(spec_json)
-    return str(run_once(spec["model"], spec["data"], spec["overrides"]))
+    return str(_once(spec["mode"], spec["model"], spec["data"], spec["overrides"]))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The printed report: rich tables on a terminal, plain aligned text otherwise (logs, CI, pipes).
 
 Reads only profile dicts (as written to profile.json), so `libreyolo profile summary` can print
-it from a copied file without importing torch.
+it from a copied file without importing torch. An inference profile (`run.mode` "infer", from
+`libreyolo profile infer`) says so in its title and names the images it read; a profile without
+`mode` (written before inference profiles existed) is a training one and reads as before.
 """
 
 from __future__ import annotations
@@ -20,14 +22,19 @@ def _num(x, fmt: str = ".1f", none: str = "-") -> str:
     return none if x is None else format(x, fmt)
 
 
+def is_infer(profile: dict) -> bool:
+    return profile["run"].get("mode") == "infer"
+
+
 def headline_lines(profile: dict) -> list[str]:
     run, h, u = profile["run"], profile["headline"], profile["utilisation"]
     graph = run.get("cuda_graph") or {}
     graph_text = f"on ({graph.get('replayed_steps', 0)} replayed steps)" if graph.get("enabled") else "off"
     w = profile["window"]
+    images = f"  images {run.get('data')}" if is_infer(profile) else ""
     return [
         f"{run.get('arch')}  batch {run.get('batch')}  imgsz {run.get('imgsz')}  workers {run.get('workers')}  "
-        f"on {run.get('device_name')}  precision {run.get('precision')}  CUDA graphs {graph_text}",
+        f"on {run.get('device_name')}  precision {run.get('precision')}  CUDA graphs {graph_text}{images}",
         f"window: {w.get('first_half')} unsynchronised + {w.get('second_half')} synchronised steps after "
         f"{w.get('skip')} skipped",
         f"step {_num(h.get('step_ms_mean'))} ± {_num(h.get('step_ms_std'))} ms   utilisation "
@@ -131,7 +138,7 @@ def print_report(profile: dict, file=None, sections=SECTIONS, top: int = 10, rea
         console.print(text, markup=False)
 
     if "headline" in sections:
-        out("profile")
+        out("profile (inference)" if is_infer(profile) else "profile")
         for line in headline_lines(profile):
             out(line)
     if "verdict" in sections:
@@ -165,7 +172,8 @@ def print_repeat(rep: dict, file=None) -> None:
     """Mean ± std of every headline figure over the trials, and each trial's verdict."""
     console = Console(file=file or sys.stderr, highlight=False, soft_wrap=True)
     out = (lambda s: console.print(s, markup=False))
-    out(f"profile over {rep['trials']} trials ({rep.get('arch')}, batch {rep.get('batch')}, imgsz {rep.get('imgsz')})")
+    kind = "inference profile" if rep.get("mode") == "infer" else "profile"
+    out(f"{kind} over {rep['trials']} trials ({rep.get('arch')}, batch {rep.get('batch')}, imgsz {rep.get('imgsz')})")
     rows = [[k, _num(v["mean"], ".4g"), _num(v["std"], ".3g"), ", ".join(_num(x, ".4g") for x in v["values"])]
             for k, v in rep["figures"].items()]
     out(plain_table(["figure", "mean", "± std", "trials"], rows))

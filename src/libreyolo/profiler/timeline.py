@@ -17,7 +17,8 @@ from . import analyze as A
 GANTT_MAX_EVENTS = 4000  # a browser draws this many bars without effort
 
 PHASE_COLOURS = {"data": "#8c564b", "h2d": "#7f7f7f", "forward": "#1f77b4", "loss": "#ff7f0e",
-                 "backward": "#2ca02c", "optimizer": "#d62728", "ema": "#9467bd", "other": "#bcbd22"}
+                 "backward": "#2ca02c", "optimizer": "#d62728", "ema": "#9467bd", "postprocess": "#e377c2",
+                 "other": "#bcbd22"}
 VERDICT_COLOURS = {"dataloader-bound": "#8c564b", "launch-bound": "#d62728", "host-bound": "#ff7f0e",
                    "compute-bound": "#2ca02c"}
 
@@ -122,7 +123,8 @@ def _page(profile: dict, body: str) -> str:
     figures = (f"step {h.get('step_ms_mean') or 0:.1f} ± {h.get('step_ms_std') or 0:.1f} ms · utilisation "
                f"{h.get('utilisation') or 0:.2f} · data wait {h.get('data_wait_ms') or 0:.1f} ms · syncs/step "
                f"{h.get('syncs_per_step') or 0:.2f} · {run.get('precision')}")
-    title = f"{run.get('arch')} batch {run.get('batch')} imgsz {run.get('imgsz')} on {run.get('device_name')}"
+    title = (f"{'inference: ' if run.get('mode') == 'infer' else ''}{run.get('arch')} batch {run.get('batch')} "
+             f"imgsz {run.get('imgsz')} on {run.get('device_name')}")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>LibreYOLO profile: {esc(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:16px}}

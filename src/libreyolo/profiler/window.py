@@ -310,17 +310,24 @@ def _clock_pair() -> tuple[float, int]:
     return best[1], best[2]
 
 
+def loop_mode(trainer) -> str:
+    """The kind of step the hook measured: "train" for the Trainer, "infer" for profiler/infer.py's
+    loop (its `mode`); the verdict's levers and the phase table follow it."""
+    return getattr(trainer, "mode", "train")
+
+
 def assemble(trainer, steps: list[dict], trace: dict, tid: int, window: dict, overhead: dict) -> dict:
     """profile.json's content: run metadata, window, per-step records, phases, kernels, verdict."""
     from .artifacts import SCHEMA, SCHEMA_VERSION
 
+    mode = loop_mode(trainer)
     device = trainer.device
     cuda = device.type == "cuda"
     index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
     events = A.busy_events(trace, index)
     syncs = A.sync_times(trace, tid)
     figures = A.analyse_first_half(steps, events, syncs, cuda, trainer.cfg.workers, trainer.precision.describe(),
-                                   graphed=bool(overhead.get("graphed")))
+                                   graphed=bool(overhead.get("graphed")), mode=mode)
     A.second_half_phases(steps, events, cuda)
     memory = _memory(device)
     run = _run_metadata(trainer)
@@ -335,7 +342,7 @@ def assemble(trainer, steps: list[dict], trace: dict, tid: int, window: dict, ov
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "run": run, "window": window,
             "headline": headline, "verdict": v, "utilisation": figures, "thresholds": dict(A.THRESHOLDS),
-            "phases": A.phase_table(steps), "kernels": _kernel_table(trace, events, steps, cuda, tid),
+            "phases": A.phase_table(steps, mode), "kernels": _kernel_table(trace, events, steps, cuda, tid),
             "steps": [A.public_step(s) for s in steps], "memory": memory, "overhead": overhead}
 
 
@@ -375,7 +382,7 @@ def _graph_state(trainer) -> dict:
 def _run_metadata(trainer) -> dict:
     cfg, device = trainer.cfg, trainer.device
     cuda = device.type == "cuda"
-    return {"model": cfg.model, "family": trainer.family.name, "size": trainer.size,
+    return {"mode": loop_mode(trainer), "model": cfg.model, "family": trainer.family.name, "size": trainer.size,
             "arch": trainer.arch, "data": trainer.data_cfg.name,
             "device": str(device), "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
             "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
