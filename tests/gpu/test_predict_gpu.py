@@ -28,17 +28,21 @@ def _frames(n: int, seed: int = 0):
             for i in range(n)]
 
 
-def _predictor(arch: str, device: str, graph: bool, batch: int = 4) -> Predictor:
+def _predictor(arch: str, device: str, graph: bool, batch: int = 4, amp: bool = False) -> Predictor:
+    """Predict's own deploy model (conv+BN folded; on CUDA channels_last), the same seeded weights."""
     torch.manual_seed(0)
-    p = Predictor(resolve_model(arch), imgsz=256, batch=batch, device=device, cuda_graph=graph, amp=False)
-    source = resolve_model(arch)
-    p.model = source.spec.build(source.size, 3).to(p.device).eval()
-    p.names = ["a", "b", "c"]
-    return p
+    return Predictor(resolve_model(arch), imgsz=256, batch=batch, device=device, cuda_graph=graph, amp=amp)
 
 
 def _outputs(predictor, frames):
-    return [r for _, r in predictor.run(frames, PostOptions(conf=0.01, max_det=50))]
+    return [r for _, r in predictor.run(frames, PostOptions(conf=0.0, max_det=50))]
+
+
+def _twins(a, b, atol: float) -> None:
+    """Each of a's five best boxes has a twin in b (near-equal scores may swap places)."""
+    assert len(a) > 0 and len(b) > 0
+    gap = (a.boxes[:5, None] - b.boxes[None]).abs().amax(-1).amin(1)
+    assert (gap < atol).all(), gap
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -77,12 +81,25 @@ def test_cuda_predict_agrees_with_cpu(arch):
     cuda = _outputs(_predictor(arch, "cuda", True), frames)
     for a, b in zip(cpu, cuda):
         if a.task == "detect":
-            # Near-equal scores may swap places between devices: each of CPU's best boxes has a twin.
-            assert len(a) > 0 and len(b) > 0
-            gap = (a.boxes[:5, None] - b.boxes[None]).abs().amax(-1).amin(1)
-            assert (gap < 0.05).all(), gap
+            _twins(a, b, 0.05)
         else:
             torch.testing.assert_close(a.probs, b.probs, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_weights_predict_what_float32_predicts(arch, dtype):
+    frames = _frames(4)
+    full = _outputs(_predictor(arch, "cuda", False), frames)
+    torch.manual_seed(0)
+    p = Predictor(resolve_model(arch), imgsz=256, batch=4, device="cuda", amp=True, amp_dtype=dtype)
+    assert next(p.model.parameters()).dtype == getattr(torch, dtype)
+    half = _outputs(p, frames)
+    for a, b in zip(full, half):
+        if a.task == "detect":
+            _twins(a, b, 2.0 if dtype == "bfloat16" else 0.5)  # pixels at 256 px
+        else:
+            torch.testing.assert_close(a.probs, b.probs, atol=2e-2 if dtype == "bfloat16" else 5e-3, rtol=0)
 
 
 def test_graphed_float16_batch1_predict_has_one_graph_and_no_eager_forward():

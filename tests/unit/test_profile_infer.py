@@ -10,6 +10,7 @@ import pytest
 from testkit import make_profile
 
 from libreyolo.errors import ConfigError, DataError
+from libreyolo.predict.options import KEYS
 from libreyolo.profiler import markers
 from libreyolo.profiler.analyze import analyse_first_half, verdict
 from libreyolo.profiler.artifacts import FILES, load_profile, summary
@@ -86,7 +87,7 @@ def test_a_detector_window_fills_and_writes_the_artifacts(detector):
     assert run.name == "infer" and all((run / f).is_file() for f in FILES) and (run / "args.yaml").is_file()
     assert markers._recorder is None
     assert p["run"]["mode"] == "infer" and p["run"]["arch"] == "yolo9-t" and p["run"]["data"] == "shapes val (32 images)"
-    assert (p["run"]["batch"], p["run"]["imgsz"], p["run"]["workers"]) == (1, 64, 2)
+    assert (p["run"]["batch"], p["run"]["imgsz"], p["run"]["workers"]) == (1, 64, KEYS["workers"].default)
     assert p["window"] == {"skip": 3, "steps": 4, "first_half": 2, "second_half": 2, "first_iteration": 3,
                            "last_iteration": 6}
     assert [r["phase"] for r in p["phases"]] == ["data", "h2d", "forward", "postprocess", "other"]
@@ -138,7 +139,7 @@ def test_a_slow_prepare_is_dataloader_bound(tmp_path, monkeypatch, one_thread):
 def test_settings_and_sources_are_checked(tmp_path):
     cfg = settings("yolo9-t", {})
     assert (cfg.batch, cfg.imgsz, cfg.workers, cfg.conf, cfg.profile_skip, cfg.profile_steps, cfg.name) == \
-           (1, None, 2, 0.25, 5, 20, "infer")
+           (1, None, KEYS["workers"].default, 0.25, 5, 20, "infer")
     bad = {"epochs": "does not apply to profile infer", "conff": "did you mean 'conf'",
            "batch": "'batch': 0", "imgsz": "a multiple of 32", "workers": "'workers': -1"}
     values = {"epochs": 3, "conff": 0.3, "batch": 0, "imgsz": 70, "workers": -1}

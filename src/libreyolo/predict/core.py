@@ -34,7 +34,7 @@ class Predictor:
     """A model ready to predict: built once, on its device, in eval mode (graph captured lazily)."""
 
     def __init__(self, source, *, imgsz: int | None = None, batch: int = 1, device: str = "", amp: bool = True,
-                 amp_dtype: str = "float16", cuda_graph: bool = False, workers: int = 2):
+                 amp_dtype: str = "float16", cuda_graph: bool = False, workers: int = 4):
         from ..config import FIELDS
         from ..engine.builder import build_model
         from ..engine.device import select_device
@@ -58,31 +58,67 @@ class Predictor:
         self.device = select_device(device)
         if ckpt is None:
             log.warning(f"predicting with {source.arch} random weights (no checkpoint given)")
-        self.model = build_model(source, len(self.names), exact=True).to(self.device).eval()
         self.precision = Precision.create(amp, amp_dtype, self.device)
+        self.model = self._deploy(build_model(source, len(self.names), exact=True))
         self.arch = source.arch
+        self._staging: Tensor | None = None  # pinned host buffer the batches are uploaded from
+        self._uploaded: torch.cuda.Event | None = None
         self.graph = None
         if cuda_graph and self.device.type != "cuda":
             log.info(f"cuda_graph=true ignored: it needs a CUDA device (predicting on {self.device})")
         elif cuda_graph:
             self.graph = InferenceGraph(self.network)
 
+    def _deploy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The inference form of a training model: eval mode, BatchNorm folded into the convs
+        (every block with `fuse_`), and on CUDA the weights in the precision's dtype and
+        channels_last. Casting the weights once replaces autocast, which casts every conv's
+        weight again on each call (with the cast cache off, as graph capture needs: one extra
+        kernel per conv). The families decode in float32 whatever the network's dtype."""
+        from ..families.common import fuse_model_
+
+        model = fuse_model_(model.eval())
+        self.dtype = self.precision.dtype or torch.float32
+        model = model.to(self.device, dtype=self.dtype)
+        self.channels_last = self.device.type == "cuda"
+        return model.to(memory_format=torch.channels_last) if self.channels_last else model
+
     def describe(self) -> str:
         graph = ", CUDA graph" if self.graph is not None else ""
+        weights = str(self.dtype).removeprefix("torch.")
         return (f"{self.arch} ({self.task.display}, {len(self.names)} classes) at {self.imgsz} px, batch "
-                f"{self.batch} on {self.device}; precision: {self.precision.describe()}{graph}")
+                f"{self.batch} on {self.device}; {weights} weights, conv+BN folded{graph}")
 
     def network(self, images: Tensor) -> Tensor:
         """uint8 [B, 3, S, S] on the device -> the task's prediction, float32 (capturable)."""
-        with self.precision.autocast():
-            return self.model.predict(images.float().div_(255)).float()
+        x = images.to(self.dtype).div_(255)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.model.predict(x).float()
+
+    def upload(self, images: Tensor) -> Tensor:
+        """A host batch on the device. On CUDA through one pinned buffer, reused: pinning a fresh
+        tensor per batch (cudaHostAlloc) costs more than the copy; the last upload from the buffer
+        is waited for before it is overwritten."""
+        if images.device == self.device:
+            return images
+        if self.device.type != "cuda":
+            return images.to(self.device)
+        n = images.shape[0]
+        if self._staging is None or self._staging.shape[1:] != images.shape[1:] or self._staging.shape[0] < n:
+            self._staging = torch.empty((max(n, self.batch), *images.shape[1:]), dtype=images.dtype).pin_memory()
+        elif self._uploaded is not None:
+            self._uploaded.synchronize()
+        staged = self._staging[:n]
+        staged.copy_(images)
+        out = staged.to(self.device, non_blocking=True)
+        self._uploaded = torch.cuda.Event()
+        self._uploaded.record()
+        return out
 
     def infer(self, images: Tensor) -> Tensor:
         """One batch of prepared uint8 images (on the host or the device) -> prediction on the device."""
-        if images.device != self.device:
-            if self.device.type == "cuda":
-                images = images.pin_memory()
-            images = images.to(self.device, non_blocking=True)
+        images = self.upload(images)
         with torch.inference_mode():
             return (self.graph or self.network)(images)
 
@@ -108,20 +144,36 @@ class Predictor:
             return list(zip(frames, self.task.results(preds, metas, frames, self.names, opts)))
 
     def _prepared(self, frames: Iterable) -> Iterator[tuple[Any, Tensor, Any]]:
-        """(frame, network image, meta) in order; the thread pool prepares up to two batches ahead
-        (torchvision's resize releases the GIL)."""
+        """(frame, network image, meta) in order. A thread pool decodes (a `Source`'s image files)
+        and prepares a few batches ahead of the device: torchvision's decoders and resize release
+        the GIL, and at batch 1 a 600 px PNG's decode takes longer than a graphed forward."""
         threads = max(1, min(self.workers, os.cpu_count() or 1))
-        ahead = 2 * self.batch
+        ahead = max(2 * self.batch, 2 * threads)
+        if hasattr(frames, "decoders"):
+            decoders, frame_of = frames.decoders(), frames.frame_of
+        else:  # frames already decoded
+            decoders, frame_of = ((lambda f=f: f) for f in frames), (lambda f: f)
+
+        def work(decode):
+            decoded = decode()
+            if decoded is None:
+                return None, None
+            return decoded, self.prepare(decoded[0] if isinstance(decoded, tuple) else decoded.image)
+
+        def done(job):
+            decoded, prepared = job.result()
+            frame = frame_of(decoded)
+            return None if frame is None else (frame, *prepared)
+
         with ThreadPoolExecutor(threads, thread_name_prefix="libreyolo-prepare") as pool:
             pending: deque = deque()
-            for frame in frames:
-                pending.append((frame, pool.submit(self.prepare, frame.image)))
-                if len(pending) > ahead:
-                    f, job = pending.popleft()
-                    yield (f, *job.result())
+            for decode in decoders:
+                pending.append(pool.submit(work, decode))
+                if len(pending) > ahead and (item := done(pending.popleft())) is not None:
+                    yield item
             while pending:
-                f, job = pending.popleft()
-                yield (f, *job.result())
+                if (item := done(pending.popleft())) is not None:
+                    yield item
 
 
 def predict(predictor_for, source: Any, options: dict[str, Any]) -> Iterator[Result]:

@@ -36,7 +36,7 @@ KEYS: dict[str, Key] = {
     "name": Key(str, "exp", "run folder name (exp, exp2, ... when taken)"),
     "exist_ok": Key(bool, False, "write into an existing project/name"),
     "vid_stride": Key(int, 1, "predict every n-th video frame"),
-    "workers": Key(int, 2, "threads preparing images (letterbox) ahead of the device"),
+    "workers": Key(int, 4, "threads decoding and preparing images ahead of the device"),
 }
 PYTHON_ONLY = {"multi_label": False, "progress": False}  # multi_label: one box per class, as val does
 

@@ -25,7 +25,7 @@ import glob
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ class Source:
         self.kind = kind
         self._items = items
         self.skipped = 0
+        self._index = 0  # the next yielded frame's index
 
     @property
     def total(self) -> int | None:
@@ -90,16 +91,35 @@ class Source:
         return True
 
     def __iter__(self) -> Iterator[Frame]:
+        for decode in self.decoders():
+            frame = self.frame_of(decode())
+            if frame is not None:
+                yield frame
+
+    def decoders(self) -> Iterator[Callable[[], _Yield | None]]:
+        """The iteration split for a thread pool: one callable per frame, in order. Calling it
+        decodes an image file (None if it does not decode), or hands over a frame this thread
+        already decoded (video frames come in order; arrays are converted). `frame_of` turns the
+        results, taken in order, into Frames."""
         self.skipped = 0
-        index = 0
+        self._index = 0
         for item in self._items:
-            produced = False
-            for image, name, path, frame, fps in item.frames():
-                produced = True
-                yield Frame(image, name or f"image{index}", path, frame, index, fps)
-                index += 1
-            if not produced and isinstance(item, _ImageFile):
-                self.skipped += 1
+            if isinstance(item, _ImageFile):
+                yield item.decode
+            else:
+                for decoded in item.frames():
+                    yield lambda decoded=decoded: decoded
+
+    def frame_of(self, decoded: _Yield | None) -> Frame | None:
+        """The Frame of one decoder's result, numbered in order; None (counted as skipped) for a
+        file that did not decode."""
+        if decoded is None:
+            self.skipped += 1
+            return None
+        image, name, path, frame, fps = decoded
+        out = Frame(image, name or f"image{self._index}", path, frame, self._index, fps)
+        self._index += 1
+        return out
 
     def __repr__(self) -> str:
         return f"Source(kind={self.kind!r}, total={self.total})"
@@ -230,14 +250,20 @@ class _ImageFile:
             raise DataError(f"{path}: does not decode (truncated or not an image)")
 
     def frames(self) -> Iterator[_Yield]:
+        decoded = self.decode()
+        if decoded is not None:
+            yield decoded
+
+    def decode(self) -> _Yield | None:
+        """The image, or None (said in one warning line) when it does not decode; thread-safe."""
         # image_ok first: it is silent, where libpng prints its own line on a broken PNG.
         image = decode_rgb(self.path) if self.strict or image_ok(self.path) else None
         if image is None:
             if self.strict:
                 raise DataError(f"{self.path}: does not decode (truncated or not an image)")
             log.warning("cannot decode %s (truncated or not an image); skipped", self.path)
-            return
-        yield image.contiguous(), self.path.name, str(self.path), None, None
+            return None
+        return image.contiguous(), self.path.name, str(self.path), None, None
 
 
 class _InMemory:

@@ -9,9 +9,9 @@ training one; `mode = "infer"` selects the inference phases and levers (analyze.
   each image is decoded on this thread, then letterboxed (classifiers: centre-cropped) by
   `workers` prepare threads up to two batches ahead; workers=0 prepares on this thread. A slow
   decoder or too few threads show as data wait, as a slow dataloader does in training;
-- `h2d`: the uint8 batch pinned and uploaded (non-blocking), as `Predictor.infer` uploads;
-- `forward`: `Predictor.infer` on the device batch: float / 255, the network and its decode under
-  autocast, or the replay of its CUDA graph (cuda_graph=true: captured at the first batch, which
+- `h2d`: the uint8 batch uploaded through predict's pinned buffer (`Predictor.upload`);
+- `forward`: `Predictor.infer` on the device batch: float / 255, the network (conv+BN folded,
+  weights in the precision's dtype) and its decode, or the replay of its CUDA graph (cuda_graph=true: captured at the first batch, which
   is a skipped step);
 - `postprocess`: the task's results: NMS and the unletterbox of detections, or the class
   probabilities, copied to the host (a sync by design, which the verdict does not count).
@@ -42,7 +42,7 @@ from torch import Tensor
 from ..config import FIELDS
 from ..engine.hooks import Hook
 from ..errors import ConfigError, DataError, LibreYOLOError
-from ..predict.core import KEYS as PREDICT
+from ..predict.options import KEYS as PREDICT
 from ..predict.post import PostOptions
 from .markers import phase
 
@@ -90,7 +90,7 @@ def settings(model: str, overrides: dict[str, Any]) -> InferConfig:
     """The checked settings of `overrides` (KEYS) with the defaults filled in; one ConfigError line
     per mistake."""
     from ..config import check_value, unknown_key_message
-    from ..predict.core import check_options
+    from ..predict.options import check_options
 
     for key in overrides:
         if key not in KEYS:
@@ -180,10 +180,11 @@ class _GraphCounts:
 
 
 class _Precision:
-    """The predictor's autocast as the report names it; inference has no gradient scaler."""
+    """The predictor's precision as the report names it: its weights' dtype (predict casts the
+    model instead of autocasting; there is no gradient scaler)."""
 
-    def __init__(self, dtype: torch.dtype | None):
-        self.text = "float32" if dtype is None else f"{str(dtype).removeprefix('torch.')} autocast"
+    def __init__(self, dtype: torch.dtype):
+        self.text = "float32" if dtype == torch.float32 else f"{str(dtype).removeprefix('torch.')} weights"
 
     def describe(self) -> str:
         return self.text
@@ -202,7 +203,7 @@ class InferenceLoop:
         self.device, self.run_dir, self.hooks = predictor.device, run_dir, list(hooks)
         self.family, self.size, self.arch = model_source.spec, model_source.size, model_source.arch
         self.data_cfg = SimpleNamespace(name=images)
-        self.precision = _Precision(predictor.precision.dtype)
+        self.precision = _Precision(predictor.dtype)
         self.graphs = _GraphCounts(predictor.graph) if predictor.graph is not None else None
         self.steps_per_epoch = math.ceil(len(files) / cfg.batch)
         self.epoch = self.batch_index = self.iteration = 0
@@ -241,8 +242,7 @@ class InferenceLoop:
             batch = torch.stack(images)
         self._call("before_step")
         with phase("h2d"):
-            if self.device.type == "cuda":
-                batch = batch.pin_memory().to(self.device, non_blocking=True)
+            batch = self.predictor.upload(batch)
         with phase("forward"):
             preds = self.predictor.infer(batch)
         with phase("postprocess"), torch.inference_mode():
