@@ -133,7 +133,7 @@ def test_a_slow_prepare_is_dataloader_bound(tmp_path, monkeypatch, one_thread):
     p = load_profile(run)
     assert p["run"]["data"] == f"{tmp_path / 'imgs'} (1 image)"
     assert p["verdict"]["name"] == "dataloader-bound" and p["headline"]["data_wait_frac"] > 0.5
-    assert "prepared batch" in p["verdict"]["reason"] and "prepare threads (workers=0 now)" in p["verdict"]["lever"]
+    assert "prepared batch" in p["verdict"]["reason"] and "decode threads (workers=0 now" in p["verdict"]["lever"]
 
 
 def test_settings_and_sources_are_checked(tmp_path):

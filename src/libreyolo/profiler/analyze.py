@@ -295,8 +295,8 @@ def verdict(f: dict) -> dict:
     if infer:
         wait = (f"the loop waited for the next prepared batch (decode, then letterbox or crop) {data_share:.0%} of "
                 f"the step ({f['data_ms']:.1f} of {f['step_ms']:.1f} ms)")
-        data_lever = (f"more prepare threads (workers={f['workers']} now), or a source that decodes faster: images "
-                      "are decoded on the loop's thread before the threads prepare them (smaller files, frames "
+        data_lever = (f"more decode threads (workers={f['workers']} now: each decodes and letterboxes whole "
+                      "images), or a source that decodes faster (JPEG rather than PNG, smaller files, frames "
                       "already in memory)")
     else:
         wait = f"the loop waited for the next batch {data_share:.0%} of the step ({f['data_ms']:.1f} of {f['step_ms']:.1f} ms)"

@@ -6,9 +6,9 @@ so an inference profile gets the same window, verdict rules, four artifacts and 
 training one; `mode = "infer"` selects the inference phases and levers (analyze.py). One step:
 
 - `data`: the next batch of prepared images from predict's own pipeline (Predictor._prepared):
-  each image is decoded on this thread, then letterboxed (classifiers: centre-cropped) by
-  `workers` prepare threads up to two batches ahead; workers=0 prepares on this thread. A slow
-  decoder or too few threads show as data wait, as a slow dataloader does in training;
+  `workers` threads decode each image and letterbox it (classifiers: centre-crop) a few batches
+  ahead; workers=0 does both on this thread. A slow decoder or too few threads show as data
+  wait, as a slow dataloader does in training;
 - `h2d`: the uint8 batch uploaded through predict's pinned buffer (`Predictor.upload`);
 - `forward`: `Predictor.infer` on the device batch: float / 255, the network (conv+BN folded,
   weights in the precision's dtype) and its decode, or the replay of its CUDA graph (cuda_graph=true: captured at the first batch, which
@@ -137,25 +137,25 @@ def image_files(source: str | None, task) -> tuple[list[Path], str]:
     return files, f"{source} ({len(files)} image{'s' if len(files) != 1 else ''})"
 
 
-@dataclass(frozen=True)
-class _Image:
-    """What the task's `results` reads of an input image (predict's frame)."""
+class _Cycle:
+    """The image files as a predict source that never ends: `decoders`/`frame_of` for predict's
+    thread pool (predict/sources.py), plain iteration for workers=0."""
 
-    image: Tensor  # RGB uint8 [3, h, w]
-    name: str
-    path: str
-    frame: None = None
+    def __init__(self, files: Sequence[Path]):
+        from ..predict.sources import open_source
 
+        self.source = open_source([str(f) for f in files])
 
-def _decoded(files: Sequence[Path]) -> Iterator[_Image]:
-    """The files decoded one at a time, cycling for ever (decoding is part of the data wait)."""
-    from ..data.dataset import decode_rgb
+    def decoders(self):
+        while True:
+            yield from self.source.decoders()
 
-    for path in itertools.cycle(files):
-        image = decode_rgb(path)
-        if image is None:
-            raise DataError(f"{path}: does not decode (truncated or not an image)")
-        yield _Image(image.contiguous(), path.name, str(path))
+    def frame_of(self, decoded):
+        return self.source.frame_of(decoded)
+
+    def __iter__(self):
+        while True:
+            yield from self.source
 
 
 # --- the trainer-shaped parts the hook reads ----------------------------------------------------
@@ -229,14 +229,14 @@ class InferenceLoop:
                     break
         self._call("after_train")
 
-    def _prepared(self) -> Iterator[tuple[_Image, Tensor, Any]]:
-        """(image, network input, meta) for ever: predict's pipeline, or this thread's with workers=0."""
-        frames = _decoded(self.files)
+    def _prepared(self) -> Iterator[tuple[Any, Tensor, Any]]:
+        """(frame, network input, meta) for ever: predict's own pipeline (its threads decode and
+        prepare), or this thread's with workers=0."""
         if self.cfg.workers > 0:
-            return self.predictor._prepared(frames)
-        return ((f, *self.predictor.prepare(f.image)) for f in frames)
+            return self.predictor._prepared(_Cycle(self.files))
+        return ((f, *self.predictor.prepare(f.image)) for f in _Cycle(self.files))
 
-    def _step(self, batches: Iterator[tuple[_Image, Tensor, Any]]) -> None:
+    def _step(self, batches: Iterator[tuple[Any, Tensor, Any]]) -> None:
         with phase("data"):
             frames, images, metas = zip(*(next(batches) for _ in range(self.cfg.batch)))
             batch = torch.stack(images)
