@@ -82,7 +82,7 @@ def ours(model: str, batch: int, arm: str, n: int) -> dict:
             stages[key].append(value * 1e3)
     split = {k: statistics.median(v) for k, v in stages.items()}
     graph = predictor.graph
-    return {"side": "ours", "model": model, "batch": batch, "arm": arm, "images": n, "seconds": seconds,
+    return {"side": "ours", "model": model, "batch": batch, "arm": arm, "conf": CONF, "images": n, "seconds": seconds,
             "images_per_s": n / seconds, "batch_latency_ms": seconds / (n / batch) * 1e3,
             "detections_per_image": dets / n, "stage_ms_per_batch": split,
             "post_share": split["post"] / sum(split.values()),
@@ -123,18 +123,18 @@ def peer(python: str, batch: int, n: int) -> dict:
     if proc.returncode:
         return {"side": "peer", "model": "yolo9-t", "batch": batch, "error": proc.stderr.strip()[-600:]}
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"side": "peer", "model": "yolo9-t", "batch": batch, "arm": "peer predict", "images": n,
+    return {"side": "peer", "model": "yolo9-t", "batch": batch, "arm": "peer predict", "conf": CONF, "images": n,
             "seconds": r["seconds"], "images_per_s": n / r["seconds"],
             "batch_latency_ms": r["seconds"] / (n / batch) * 1e3, "detections_per_image": r["detections"] / n,
             "peer_speed_ms_per_image": r["speed_ms_per_image"], "peer_version": r["version"]}
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| model | batch | arm | images/s | ms per batch | prepare / infer / post ms | post share |",
-           "|---|---:|---|---:|---:|---|---:|"]
+    out = ["| model | batch | arm | images/s | ms per batch | prepare / infer / post ms | post share | dets/img |",
+           "|---|---:|---|---:|---:|---|---:|---:|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['model']} | {r['batch']} | {r['side']} | failed | | | |")
+            out.append(f"| {r['model']} | {r['batch']} | {r['side']} | failed | | | | |")
             continue
         if r["side"] == "ours":
             s = r["stage_ms_per_batch"]
@@ -146,20 +146,24 @@ def table(rows: list[dict]) -> str:
                      " (its own, per image)")
             share = ""
         out.append(f"| {r['model']} | {r['batch']} | {r.get('arm', r['side'])} | {r['images_per_s']:.0f} | "
-                   f"{r['batch_latency_ms']:.2f} | {split} | {share} |")
+                   f"{r['batch_latency_ms']:.2f} | {split} | {share} | {r['detections_per_image']:.1f} |")
     return "\n".join(out)
 
 
 def main() -> None:
+    global CONF
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["yolo9-t", "yolox-t", "rtmdet-t"])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     ap.add_argument("--arms", default="eager,graph")
     ap.add_argument("--images", type=int, default=256, help="images per timed pass (at least 8 batches)")
     ap.add_argument("--peer-python", default=None)
+    ap.add_argument("--conf", type=float, default=CONF, help="score threshold (0.001: NMS sees thousands of "
+                                                                "candidates, as validation does)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "BATCH", "ARM"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    CONF = args.conf
     if args.one:
         model, batch, arm = args.one
         print(json.dumps(ours(model, int(batch), arm, max(args.images, 8 * int(batch)))))
@@ -169,7 +173,7 @@ def main() -> None:
         for batch in args.batches:
             n = max(args.images, 8 * batch)
             for arm in args.arms.split(","):
-                proc = subprocess.run([sys.executable, __file__, "--out", args.out, "--images", str(n),
+                proc = subprocess.run([sys.executable, __file__, "--out", args.out, "--images", str(n), "--conf", str(CONF),
                                        "--one", model, str(batch), arm], capture_output=True, text=True, timeout=900)
                 rows.append(json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else
                             {"side": "ours", "model": model, "batch": batch, "arm": arm,
