@@ -158,8 +158,8 @@ def main() -> None:
     ap.add_argument("--arms", default="eager,graph")
     ap.add_argument("--images", type=int, default=256, help="images per timed pass (at least 8 batches)")
     ap.add_argument("--peer-python", default=None)
-    ap.add_argument("--conf", type=float, default=CONF, help="score threshold (0.001: NMS sees thousands of "
-                                                                "candidates, as validation does)")
+    ap.add_argument("--conf", type=float, default=CONF, help="score threshold (1e-6: every anchor of a from-scratch "
+                                                                "model reaches NMS)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "BATCH", "ARM"), help=argparse.SUPPRESS)
     args = ap.parse_args()

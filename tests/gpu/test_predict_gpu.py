@@ -38,13 +38,6 @@ def _outputs(predictor, frames):
     return [r for _, r in predictor.run(frames, PostOptions(conf=0.0, max_det=50))]
 
 
-def _twins(a, b, atol: float) -> None:
-    """Each of a's five best boxes has a twin in b (near-equal scores may swap places)."""
-    assert len(a) > 0 and len(b) > 0
-    gap = (a.boxes[:5, None] - b.boxes[None]).abs().amax(-1).amin(1)
-    assert (gap < atol).all(), gap
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_graphed_predict_matches_eager_and_replays(arch, caplog):
     frames = _frames(10)  # batches of 4, 4 and a partial 2
@@ -74,32 +67,39 @@ def test_another_shape_runs_eager_with_one_line(caplog):
     assert caplog.text.count("runs eager") == 1 and p.graph.eager_calls == 2 and p.graph.replays == 1
 
 
+def _raw(predictor, frames):
+    """The network's decoded output before NMS (random weights: near-equal scores whose order NMS
+    and top-k would make arbitrary), on the host, float32."""
+    images = torch.stack([predictor.prepare(f.image)[0] for f in frames])
+    return predictor.infer(images).float().cpu()
+
+
+def _close(a, b, box_px: float, score: float) -> None:
+    if a.shape[-1] > 4 and a.ndim == 3:  # detection: boxes in pixels, then scores
+        torch.testing.assert_close(a[..., :4], b[..., :4], atol=box_px, rtol=0)
+        torch.testing.assert_close(a[..., 4:], b[..., 4:], atol=score, rtol=0)
+    else:  # classification probabilities
+        torch.testing.assert_close(a, b, atol=score, rtol=0)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cuda_predict_agrees_with_cpu(arch):
+    """float32 both sides; CUDA convolutions use TF32 (cuDNN's default), about 1e-3 relative."""
     frames = _frames(4)
-    cpu = _outputs(_predictor(arch, "cpu", False), frames)
-    cuda = _outputs(_predictor(arch, "cuda", True), frames)
-    for a, b in zip(cpu, cuda):
-        if a.task == "detect":
-            _twins(a, b, 0.05)
-        else:
-            torch.testing.assert_close(a.probs, b.probs, atol=1e-4, rtol=1e-3)
+    _close(_raw(_predictor(arch, "cpu", False), frames), _raw(_predictor(arch, "cuda", True), frames),
+           box_px=0.1, score=5e-3)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_weights_predict_what_float32_predicts(arch, dtype):
     frames = _frames(4)
-    full = _outputs(_predictor(arch, "cuda", False), frames)
+    full = _raw(_predictor(arch, "cuda", False), frames)
     torch.manual_seed(0)
     p = Predictor(resolve_model(arch), imgsz=256, batch=4, device="cuda", amp=True, amp_dtype=dtype)
     assert next(p.model.parameters()).dtype == getattr(torch, dtype)
-    half = _outputs(p, frames)
-    for a, b in zip(full, half):
-        if a.task == "detect":
-            _twins(a, b, 2.0 if dtype == "bfloat16" else 0.5)  # pixels at 256 px
-        else:
-            torch.testing.assert_close(a.probs, b.probs, atol=2e-2 if dtype == "bfloat16" else 5e-3, rtol=0)
+    bf16 = dtype == "bfloat16"  # 8 mantissa bits against float16's 11
+    _close(full, _raw(p, frames), box_px=2.0 if bf16 else 0.5, score=5e-2 if bf16 else 1e-2)
 
 
 def test_graphed_float16_batch1_predict_has_one_graph_and_no_eager_forward():

@@ -56,6 +56,10 @@ class Predictor:
         if device_list(str(device).strip().lower()) is not None:
             raise ConfigError(f"device={device}: predict runs on one device (e.g. device=0)")
         self.device = select_device(device)
+        if self.device.type == "cuda":
+            # One input shape for the whole run: cuDNN times its algorithms once (the first batch,
+            # or the graph's warm-up) and keeps the fastest. Process-wide, as torch makes it.
+            torch.backends.cudnn.benchmark = True
         if ckpt is None:
             log.warning(f"predicting with {source.arch} random weights (no checkpoint given)")
         self.precision = Precision.create(amp, amp_dtype, self.device)
