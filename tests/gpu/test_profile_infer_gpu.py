@@ -49,7 +49,7 @@ def test_eager_batch_1_is_launch_bound(project):
     p = _profile_infer("eager", project)
     print(json.dumps(p["headline"], indent=1), json.dumps(p["verdict"], indent=1))  # for the session log
     assert p["run"]["mode"] == "infer" and p["run"]["device_name"].startswith("NVIDIA")
-    assert p["headline"]["precision"] == "float16 autocast" and p["run"]["cuda_graph"]["enabled"] is False
+    assert p["headline"]["precision"] == "float16 weights" and p["run"]["cuda_graph"]["enabled"] is False
     assert p["verdict"]["name"] == "launch-bound", p["verdict"]
     assert p["verdict"]["lever"].startswith("cuda_graph=true (inference capture")
     assert p["kernels"]["kind"] == "kernel" and p["utilisation"]["kernels_per_step"] > 100
