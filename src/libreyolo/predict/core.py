@@ -111,8 +111,8 @@ class Predictor:
         n = images.shape[0]
         if self._staging is None or self._staging.shape[1:] != images.shape[1:] or self._staging.shape[0] < n:
             self._staging = torch.empty((max(n, self.batch), *images.shape[1:]), dtype=images.dtype).pin_memory()
-        elif self._uploaded is not None:
-            self._uploaded.synchronize()
+        elif self._uploaded is not None and not self._uploaded.query():
+            self._uploaded.synchronize()  # only when the last upload is still in flight: a real wait
         staged = self._staging[:n]
         staged.copy_(images)
         out = staged.to(self.device, non_blocking=True)
