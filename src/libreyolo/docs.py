@@ -76,11 +76,15 @@ def capture_support_markdown() -> str:
     from .families import REGISTRY
 
     # Multi-GPU (DDP) runs train eager in every family (engine/graphs.py, MULTI_PROCESS).
-    rows = ["| family | task | CUDA-graph region | multi-GPU (DDP) | note |", "|---|---|---|---|---|"]
+    # Inference (predict cuda_graph=true) captures model.predict whole, where training captures
+    # anything at all: there is no backward, loss or optimizer to keep out (predict/graph.py).
+    rows = ["| family | task | training: CUDA-graph region | multi-GPU (DDP) | inference (`predict`) | note |",
+            "|---|---|---|---|---|---|"]
     for spec in REGISTRY.values():
         plan = spec.capture
         region = plan.region if plan.region in ("network", "encoder") else "eager"
         note = plan.note if region != "eager" else plan.reason
+        infer = "network + decode" if region != "eager" else "eager"
         for task in spec.tasks:
-            rows.append(f"| {spec.display} | {task} | {region} | eager | {_cell(note)} |")
+            rows.append(f"| {spec.display} | {task} | {region} | eager | {infer} | {_cell(note)} |")
     return "\n".join(rows) + "\n"

@@ -303,5 +303,5 @@ def test_capture_support_matrix_says_why_a_family_trains_eager(monkeypatch):
                                 capture=CapturePlan("none", "dynamic query count | per image"))
     monkeypatch.setattr(families, "REGISTRY", {"rtdetr": eager})
     assert capture_support_markdown().splitlines()[2:] == [
-        "| RT-DETR | detect | eager | eager | dynamic query count \\| per image |",
-        "| RT-DETR | segment | eager | eager | dynamic query count \\| per image |"]
+        "| RT-DETR | detect | eager | eager | eager | dynamic query count \\| per image |",
+        "| RT-DETR | segment | eager | eager | eager | dynamic query count \\| per image |"]
