@@ -142,6 +142,18 @@ def test_cuda_graph_on_cpu_is_said_and_predicts_eager(caplog):
     assert graph.fallback_reason == "needs a CUDA device" and graph.eager_calls == 1 and float(out.mean()) == 2
 
 
+def test_a_family_that_cannot_be_captured_predicts_eager_with_one_line(caplog, monkeypatch):
+    import dataclasses
+
+    from libreyolo.families.base import CapturePlan
+
+    source = resolve_model("yolo9-t")
+    source.spec = dataclasses.replace(source.spec, capture=CapturePlan("none", "dynamic query count"))
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        predictor = Predictor(source, imgsz=64, device="cpu", cuda_graph=True)
+    assert predictor.graph is None and "cuda_graph=true ignored: dynamic query count" in caplog.text
+
+
 def test_api_keeps_one_model_per_setting(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     lib = LibreYOLO("yolo9-t")

@@ -68,10 +68,10 @@ class Predictor:
         self._staging: Tensor | None = None  # pinned host buffer the batches are uploaded from
         self._uploaded: torch.cuda.Event | None = None
         self.graph = None
-        if cuda_graph and self.device.type != "cuda":
-            log.info(f"cuda_graph=true ignored: it needs a CUDA device (predicting on {self.device})")
-        elif cuda_graph and source.spec.capture.region not in ("network", "encoder"):
+        if cuda_graph and source.spec.capture.region not in ("network", "encoder"):
             log.info(f"cuda_graph=true ignored: {source.spec.capture.reason}; predicting eager")
+        elif cuda_graph and self.device.type != "cuda":
+            log.info(f"cuda_graph=true ignored: it needs a CUDA device (predicting on {self.device})")
         elif cuda_graph:
             self.graph = InferenceGraph(self.network)
 
