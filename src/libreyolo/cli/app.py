@@ -17,6 +17,7 @@ import typer
 from .. import __version__
 from ..errors import ConfigError, LibreYOLOError
 from ..logs import setup_logging
+from .export import EXPORT_HELP, export_command
 
 EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 
@@ -277,6 +278,9 @@ def predict(ctx: typer.Context,
     seconds = time.perf_counter() - start
     typer.echo(f"done: {n} image{'s' if n != 1 else ''} in {seconds:.1f} s ({n / max(seconds, 1e-9):.1f}/s)"
                + (f"; annotated in {saved_dir}" if saved_dir else ""), err=True)
+
+
+app.command("export", context_settings=EXTRA, help=EXPORT_HELP)(user_errors(export_command))
 
 
 @app.command()
