@@ -49,36 +49,45 @@ def _assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
         assert (got - want).abs().max() <= TOLERANCE["probs"]
 
 
+# The batch axis is the exporter's, not the family's: one detector and one classifier export it
+# dynamic (15-40 % more export time each), the others static (CPU suite time).
+DYNAMIC = {"yolox", "resnet"}
+
+
 @pytest.mark.parametrize("family", list(REGISTRY))
-def test_every_family_exports_to_onnx_with_a_dynamic_batch(family, tmp_path, capfd):
+def test_every_family_exports_to_onnx(family, tmp_path, capfd):
     spec = REGISTRY[family]
     arch = arch_name(spec, spec.sizes[0])
     task = task_for(spec, None)
-    result = _export(arch, dynamic=True, output=tmp_path)
+    dynamic = family in DYNAMIC
+    result = _export(arch, dynamic=dynamic, output=tmp_path)
     assert capfd.readouterr().out == ""  # the exporters print nothing on stdout: it is the CLI's result
     assert result.path == tmp_path / f"{arch}.onnx"
     # One file: the weights inside it (no .onnx.data), no temporary file left.
     assert [p.name for p in tmp_path.iterdir()] == [f"{arch}.onnx"]
     assert result.size_bytes == result.path.stat().st_size
     assert (result.format, result.task, result.imgsz, result.opset) == ("onnx", task.name, 64, 20)
-    assert result.input_shape == ["batch", 3, 64, 64] and result.checked_batches == [1, 2]
+    assert result.input_shape == ["batch" if dynamic else 1, 3, 64, 64]
+    assert result.checked_batches == ([1, 2] if dynamic else [1])
     assert set(result.max_abs_diff) == ({"boxes", "scores"} if task.name == "detect" else {"probs"})
     assert all(0 <= d <= TOLERANCE[k] for k, d in result.max_abs_diff.items())
     json.dumps(result.to_dict())  # --json prints it
 
     session = ort.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
     [given] = session.get_inputs()
-    assert given.name == "images" and given.shape[1:] == [3, 64, 64] and isinstance(given.shape[0], str)
+    assert given.name == "images" and given.shape[1:] == [3, 64, 64]
+    assert isinstance(given.shape[0], str) if dynamic else given.shape[0] == 1
     meta = session.get_modelmeta().custom_metadata_map
     nc = task.default_classes
     assert meta["task"] == task.name and meta["family"] == family and meta["arch"] == arch
     assert (meta["imgsz"], meta["stride"]) == ("64", "32") and json.loads(meta["names"]) == [f"class{i}" for i in range(nc)]
     assert "[0, 1]" in meta["input"] and meta["libreyolo"] and meta["postprocess"]
-    images = sample_images(task, 64, 3)  # a batch size the export did not check
+    n = 3 if dynamic else 1  # dynamic: a batch size the export did not check
+    images = sample_images(task, 64, n)
     out = torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
     want = _reference(arch, images)
     cells = sum((64 // s) ** 2 for s in (8, 16, 32))
-    assert want.shape == ((3, cells, 4 + nc) if task.name == "detect" else (3, nc))
+    assert want.shape == ((n, cells, 4 + nc) if task.name == "detect" else (n, nc))
     _assert_close(out, want)
 
 
