@@ -153,3 +153,24 @@ def ink(shot) -> tuple[float, int]:
     inked = (pixels < 235).any(0).float().mean().item()
     colours = len(set(map(tuple, pixels[:, ::97].T.tolist())))
     return inked, colours
+
+
+def run_in_process(argv: list[str], capsys) -> tuple[int, str, str]:
+    """`libreyolo ARGV` through the CLI's entry point in this process (no interpreter or torch
+    start-up per case): (exit code, stdout, stderr). `capsys` or `capfd` captures."""
+    import logging
+
+    from libreyolo.cli.app import main
+
+    logger = logging.getLogger("libreyolo")
+    saved = logger.handlers[:], logger.propagate, logger.level
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:  # the CLI sets up the libreyolo logger; other tests' caplog must still see it
+        logger.handlers, logger.propagate, logger.level = saved
+    out = capsys.readouterr()
+    return code, out.out, out.err
+

@@ -17,10 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from testkit import make_profile
+from testkit import make_profile, run_in_process
 from torchvision.io import encode_png
-
-from libreyolo.cli.app import main
 
 NAMES = ["a", "b", "c"]
 # epochs=1: should a case not fail, it trains one tiny epoch and fails its assertions, not a long run.
@@ -96,20 +94,6 @@ def tree(*roots: Path) -> dict[str, tuple[int, int]]:
             st = p.lstat()
             out[str(p)] = (st.st_size, st.st_mtime_ns) if p.is_file() else (-1, 0)
     return out
-
-
-def run_in_process(argv: list[str], capsys) -> tuple[int, str]:
-    """The CLI entry point as `libreyolo ARGV` runs it: (exit code, stderr)."""
-    logger = logging.getLogger("libreyolo")
-    saved = logger.handlers[:], logger.propagate, logger.level
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:  # the CLI sets up the libreyolo logger; other tests' caplog must still see it
-        logger.handlers, logger.propagate, logger.level = saved
-    return code, capsys.readouterr().err
 
 
 def assert_one_line_error(code: int, err: str, expected: str) -> None:
@@ -466,7 +450,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, inputs, tmp_path,
     monkeypatch.chdir(work)
     monkeypatch.delenv("LIBREYOLO_DEBUG", raising=False)
     before = tree(tmp_path, inputs.root)
-    code, err = run_in_process([a.format(**names) for a in argv], capsys)
+    code, _, err = run_in_process([a.format(**names) for a in argv], capsys)
     assert_one_line_error(code, err, expected)
     assert tree(tmp_path, inputs.root) == before, "a failed command wrote to disk"
     assert not (tmp_path / "pwned").exists(), "code from an input ran"
@@ -487,7 +471,7 @@ def test_out_of_memory_at_the_first_step_is_one_line_and_leaves_no_run_dir(input
     monkeypatch.setattr(trainer, "train_step", oom)
     monkeypatch.chdir(tmp_path)
     before = tree(tmp_path, inputs.root)
-    code, err = run_in_process(["train", "model=yolo9-t", f"data={inputs.data}", *FAST, "val=false"], capsys)
+    code, _, err = run_in_process(["train", "model=yolo9-t", f"data={inputs.data}", *FAST, "val=false"], capsys)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     # Training had started, so its log lines come first; the error is the one last line.
     assert code == 2 and "Traceback" not in err, err

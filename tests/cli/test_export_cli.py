@@ -3,14 +3,13 @@ checkpoint's training size, --json), the path alone on stdout, and bad input as 
 with nothing written."""
 
 import json
-import logging
 import shutil
 
 import onnx
 import pytest
 import torch
+from testkit import run_in_process
 
-from libreyolo.cli.app import main
 from libreyolo.engine.checkpoint import save_checkpoint
 from libreyolo.export import read_metadata
 from libreyolo.families import get_family
@@ -27,21 +26,6 @@ def checkpoint(tmp_path_factory):
     save_checkpoint(path, {"family": "resnet", "size": "18", "names": NAMES, "model": state, "task": "classify",
                            "config": {"imgsz": 64}})
     return path
-
-
-def run_in_process(argv: list[str], capsys) -> tuple[int, str, str]:
-    """`libreyolo ARGV` in this process: (exit code, stdout, stderr)."""
-    logger = logging.getLogger("libreyolo")
-    saved = logger.handlers[:], logger.propagate, logger.level
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:  # the CLI sets up the libreyolo logger; other tests' caplog must still see it
-        logger.handlers, logger.propagate, logger.level = saved
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_export_writes_beside_the_checkpoint_at_its_training_size(cli, checkpoint, tmp_path):

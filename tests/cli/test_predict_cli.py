@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import run_in_process
 from torchvision.io import write_png
 
 from libreyolo.families import REGISTRY, arch_name
@@ -81,16 +82,25 @@ def test_a_classifier_prints_its_top_classes(cli, tmp_path):
     (["model=yolo9-t", "source=notes.txt", *FAST], "notes.txt"),
     (["model=yolo9-t", "source=imgs", "device=0,1"], "one device"),
 ])
-def test_bad_input_is_one_line_and_writes_nothing(cli, tmp_path, args, said):
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, args, said):
+    """In this process (the entry point the command runs); test_a_missing_source_in_a_real_process
+    covers the process itself."""
+    monkeypatch.chdir(tmp_path)
     _images(tmp_path / "imgs", 1)
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     (tmp_path / "notes.txt").write_text("hello")
     before = _files(tmp_path)
-    r = cli("predict", *args)
-    assert r.returncode == 2, r.stderr
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and said in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == ""
+    code, out, err = run_in_process(["predict", *args], capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("error: ") and said in err, err
+    assert "Traceback" not in err and out == ""
     assert _files(tmp_path) == before
+
+
+def test_a_missing_source_in_a_real_process(cli, tmp_path):
+    r = cli("predict", "model=yolo9-t", "source=missing.png")
+    assert r.returncode == 2 and r.stderr == "error: source 'missing.png' does not exist\n" and r.stdout == ""
+    assert _files(tmp_path) == set()
 
 
 def test_help_explains_sources_and_output(cli):
