@@ -127,6 +127,20 @@ def _numbers(xs) -> list[float]:
     return [float(x) for x in xs or [] if isinstance(x, (int, float)) and not isinstance(x, bool)]
 
 
+def print_table(console: Console, title: str, head: list[str], rows: list[list[str]]) -> None:
+    """A titled table: rich on a terminal, plain aligned text otherwise."""
+    if console.is_terminal:
+        table = Table(title=title, title_justify="left")
+        for i, h in enumerate(head):
+            table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+        for r in rows:
+            table.add_row(*(Text(c) for c in r))  # names are data, not markup
+        console.print(table)
+    else:
+        console.print(f"\n{title}", markup=False)
+        console.print(plain_table(head, rows) if rows else "(none recorded)", markup=False)
+
+
 def print_report(profile: dict, file=None, sections=SECTIONS, top: int = 10, read_from=None) -> None:
     """The report; `file` defaults to stderr (stdout may carry a machine-readable result).
 
@@ -152,17 +166,7 @@ def print_report(profile: dict, file=None, sections=SECTIONS, top: int = 10, rea
                                   ("kernels", lambda p: kernel_table(p, top), f"top {top} {kinds}")):
         if section not in sections:
             continue
-        head, rows = build(profile)
-        if rich:
-            table = Table(title=title, title_justify="left")
-            for i, h in enumerate(head):
-                table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
-            for r in rows:
-                table.add_row(*(Text(c) for c in r))  # names are data, not markup
-            console.print(table)
-        else:
-            out(f"\n{title}")
-            out(plain_table(head, rows) if rows else "(none recorded)")
+        print_table(console, title, *build(profile))
     if "headline" in sections:
         out(overhead_line(profile["overhead"]))
         out(where_line(profile, read_from))
@@ -179,3 +183,73 @@ def print_repeat(rep: dict, file=None) -> None:
     out(plain_table(["figure", "mean", "± std", "trials"], rows))
     out("verdicts: " + ", ".join(f"{i + 1}: {v}" for i, v in enumerate(rep["verdicts"])))
     out(f"verdict: {rep['verdict']} ({rep['verdict_count']} of {rep['trials']} trials)")
+
+
+# --- profile compare ------------------------------------------------------------------------------
+COMPARE_ROWS = (("step_ms_mean", "step ms", ".1f"), ("utilisation", "utilisation", ".2f"),
+                ("kernel_busy_ms", "kernel busy ms", ".2f"), ("data_wait_ms", "data wait ms", ".2f"),
+                ("idle_ms", "idle between kernels ms", ".2f"), ("syncs_per_step", "syncs/step", ".2f"),
+                ("kernels_per_step", "kernels/step", ".0f"), ("peak_memory_mb", "peak memory MB", ".0f"))
+
+
+def setup_line(f: dict) -> str:
+    """What a compared profile ran: its summary's setup keys, as the report's first line has them."""
+    return (f"{f.get('arch')}  batch {f.get('batch')}  imgsz {f.get('imgsz')}  workers {f.get('workers')}  on "
+            f"{f.get('device')}  precision {f.get('precision')}  CUDA graphs {'on' if f.get('cuda_graph') else 'off'}")
+
+
+def compare_tables(cmp: dict, top: int = 10) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, head, rows) of the figures, phases and kernels tables of a compare() result."""
+    cpu = cmp["kernel_kind"] != "kernel"
+    figures = []
+    for key, label, fmt in COMPARE_ROWS:
+        if cpu and key in ("idle_ms", "kernels_per_step"):
+            continue  # a CPU step has no kernels to idle between
+        d = cmp["figures"][key]
+        a, b = _num(d["a"], fmt), _num(d["b"], fmt)
+        if key == "step_ms_mean":
+            a += f" ± {_num(cmp['a']['step_ms_std'], fmt)}"
+            b += f" ± {_num(cmp['b']['step_ms_std'], fmt)}"
+        figures.append([("compute ms" if cpu and key == "kernel_busy_ms" else label), a, b,
+                        _num(d["delta"], "+" + fmt), _num(d["ratio"], ".2f") + ("x" if d["ratio"] is not None else "")])
+    v = cmp["figures"]["verdict"]
+    figures.append(["verdict", v["a"], v["b"], "changed" if v["changed"] else "same", ""])
+    phases = [[r["phase"], _num(r["a_ms"], ".2f"), _num(r["b_ms"], ".2f"), _num(r["delta_ms"], "+.2f"),
+               _num(r["ratio"], ".2f") + ("x" if r["ratio"] is not None else ""), _num(r["a_host_ms"], ".2f"),
+               _num(r["b_host_ms"], ".2f")] for r in cmp["phases"]]
+    kernels = [[_short(r["name"]), _num(r["a_ms"], ".3f"), _num(r["b_ms"], ".3f"), _num(r["delta_ms"], "+.3f")]
+               for r in cmp["kernels"]]
+    kind = "CPU ops (top level)" if cpu else "kernels"
+    return [("figures (per step; B/A: the ratio)", ["figure", "A", "B", "delta", "B/A"], figures),
+            ("phases (synchronised ms per step; host: unsynchronised)",
+             ["phase", "A ms", "B ms", "delta ms", "B/A", "A host ms", "B host ms"], phases),
+            (f"{kind} in A's or B's top {top} (ms per step, largest change first)",
+             ["CPU op" if cpu else "kernel", "A ms", "B ms", "delta ms"], kernels)]
+
+
+def _setting(key: str, value) -> str:
+    return ("on" if value else "off") if key == "cuda_graph" else str(value)
+
+
+def print_compare(cmp: dict, file=None, top: int = 10) -> None:
+    """A compare() result: both setups, what differs, the three tables, then the change line."""
+    console = Console(file=file or sys.stderr, highlight=False, soft_wrap=True)
+    out = (lambda s: console.print(s, markup=False))
+    out("compare (inference)" if cmp["mode"] == "infer" else "compare")
+    for side in ("a", "b"):
+        path = cmp[side]["path"]
+        out(f"{side.upper()}: {setup_line(cmp[side])}" + (f"  ({path})" if path else ""))
+    changes = [f"{'CUDA graphs' if k == 'cuda_graph' else k} {_setting(k, x)} -> {_setting(k, y)}"
+               for k, (x, y) in cmp["setup_changes"].items()]
+    out(f"setup changed: {', '.join(changes)}" if changes else "setup: the same")
+    for note in cmp["notes"]:
+        out(f"note: {note}")
+    for title, head, rows in compare_tables(cmp, top):
+        print_table(console, title, head, rows)
+    if any(r["a_ms"] is None or r["b_ms"] is None for r in cmp["kernels"]):
+        out("-: not among the rows that profile kept (below its smallest)")
+    line = f"change: {cmp['change']['line']}"
+    if console.is_terminal:
+        console.print(line, style="bold magenta", markup=False)
+    else:
+        out(f"\n{line}")
