@@ -1,8 +1,9 @@
 """`libreyolo profile`: measure a window of real training or inference steps, then read the results.
 
 `run` trains just long enough to fill the profiler's window; `infer` runs predict's steps on
-images for one window (profiler/infer.py). `summary`, `phases` and `kernels` read a profile.json
-only (no torch, no model code): they answer instantly and work on a copy in another folder.
+images for one window (profiler/infer.py). `summary`, `phases`, `kernels` and `compare` read
+profile.json files only (no torch, no model code): they answer instantly and work on a copy in
+another folder. `summary` and `compare` take `--fail-if` gates for CI (profiler/gates.py).
 """
 
 from __future__ import annotations
@@ -174,17 +175,25 @@ def _show_trials(parent, rep: dict, as_json: bool) -> None:
         typer.echo(f"trials in {parent}; aggregate in {parent / 'profile_repeat.json'}")
 
 
+FAIL_IF_HELP = ("A CI gate, repeatable: FIELD OP VALUE (a key of profile_summary.json; OP < <= > >= == !=), e.g. "
+                "\"utilisation<0.7\" or \"verdict==dataloader-bound\"; exit code 1 when it holds.")
+
+
 @profile_app.command("summary")
 @user_errors
 def summary_cmd(path: str = typer.Argument(..., metavar="PATH", help="profile.json or the run directory holding it; "
                                                                    "or a --repeat run's directory or profile_repeat.json."),
                 as_json: bool = typer.Option(False, "--json", help="The headline figures as JSON "
-                                                                   "(same keys as profile_summary.json).")) -> None:
+                                                                   "(same keys as profile_summary.json)."),
+                fail_if: list[str] | None = typer.Option(None, "--fail-if", metavar="EXPR", help=FAIL_IF_HELP)) -> None:
     """Headline figures and the verdict of a profile, or of a --repeat run (its directory or its
-    profile_repeat.json): mean ± std of each figure over the trials, and each trial's verdict."""
+    profile_repeat.json): mean ± std of each figure over the trials, and each trial's verdict.
+    --fail-if gates a --repeat run on the trials' means and the verdict most trials gave."""
     from ..profiler.artifacts import load_for_summary, profile_path, summary
+    from ..profiler.gates import failure, parse_all, repeat_figures
     from ..profiler.report import print_repeat, print_report
 
+    gates = parse_all(fail_if)  # a malformed gate answers before any file is read
     kind, data = load_for_summary(path)
     if kind == "repeat" and as_json:
         typer.echo(json.dumps(data, indent=1))
@@ -194,6 +203,61 @@ def summary_cmd(path: str = typer.Argument(..., metavar="PATH", help="profile.js
         typer.echo(json.dumps(summary(data), indent=1))
     else:
         print_report(data, file=sys.stdout, sections=("headline", "verdict"), read_from=profile_path(path).parent)
+    if kind == "repeat":
+        figures, notes = repeat_figures(data)
+        _gate(failure(gates, figures, name="the --repeat aggregate", notes=notes))
+    else:
+        _gate(failure(gates, summary(data)))
+
+
+@profile_app.command("compare")
+@user_errors
+def compare_cmd(a: str = typer.Argument(..., metavar="A", help="The baseline: profile.json or the run directory "
+                                                              "holding it."),
+                b: str = typer.Argument(..., metavar="B", help="The profile to compare with A (same form)."),
+                as_json: bool = typer.Option(False, "--json", help="The comparison as one JSON object."),
+                force: bool = typer.Option(False, "--force", help="Compare profiles of different batch or imgsz "
+                                                                  "(the output says they differ)."),
+                top: int = typer.Option(10, "--top", min=1, help="Kernels from each profile's top N."),
+                fail_if: list[str] | None = typer.Option(None, "--fail-if", metavar="EXPR",
+                                                         help=FAIL_IF_HELP + " FIELD is B's figure; VALUE may be "
+                                                              "A (A's figure) or N*A, e.g. \"step_ms>1.05*A\".")
+                ) -> None:
+    """Two profiles side by side: headline figures, phases and top kernels with their deltas, and
+    one line on the change (B faster, slower or unchanged within 5 %, and whether from idle time,
+    kernel time or data wait). A and B must be of one schema version and mode (training or
+    inference) and, without --force, of one batch and imgsz."""
+    from ..profiler.compare import compare
+    from ..profiler.gates import failure, parse_all
+    from ..profiler.report import print_compare
+
+    gates = parse_all(fail_if, compare=True)  # a malformed gate answers before any file is read
+    result = compare(_one_profile(a), _one_profile(b), force=force, top=top, paths=(a, b))
+    if as_json:
+        typer.echo(json.dumps(result, indent=1))
+    else:
+        print_compare(result, file=sys.stdout, top=top)
+    _gate(failure(gates, result["b"], result["a"], name="B"))
+
+
+def _one_profile(path: str) -> dict:
+    """A profile for compare: a --repeat aggregate is refused with its first trial named."""
+    from ..errors import ProfileFormatError
+    from ..profiler.artifacts import load_for_summary
+
+    kind, data = load_for_summary(path)
+    if kind == "repeat":
+        trial = next(iter(data.get("dirs") or []), "prof_1")
+        raise ProfileFormatError(f"'{path}' is the aggregate of a --repeat run: compare reads one profile per "
+                                 f"side; give one trial ({trial})")
+    return data
+
+
+def _gate(failed: str | None) -> None:
+    """Exit code 1 with the failed gate's line on stderr, after the command's normal output."""
+    if failed:
+        typer.echo(failed, err=True)
+        raise typer.Exit(1)
 
 
 @profile_app.command()
