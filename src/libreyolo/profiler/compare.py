@@ -135,9 +135,9 @@ def change(fa: dict, fb: dict, gpu: bool = True, tolerance: float = TOLERANCE) -
         x, y = fa[field], fb[field]
         if _isnum(x) and _isnum(y):
             components[key] = {"label": label, "a_ms": x, "b_ms": y, "delta_ms": y - x,
-                               "unchanged": abs(y - x) <= tolerance * sa}
+                               "unchanged": _within(y - x, tolerance * sa)}
     ranked = sorted(components.items(), key=lambda kv: -abs(kv[1]["delta_ms"]))
-    if abs(sb / sa - 1) <= tolerance:
+    if _within(sb - sa, tolerance * sa):
         direction, head = "unchanged", f"B is unchanged within {tolerance:.0%} ({_ms(sa)} -> {_ms(sb)} ms per step)"
     else:
         direction = "faster" if sb < sa else "slower"
@@ -147,6 +147,11 @@ def change(fa: dict, fb: dict, gpu: bool = True, tolerance: float = TOLERANCE) -
             for _, c in ranked]
     return {"direction": direction, "speedup": sa / sb, "cause": cause, "components": components,
             "line": f"{head}: {'; '.join([*said, verdict])}"}
+
+
+def _within(change: float, limit: float) -> bool:
+    """|change| <= limit, with the limit itself inside (16.0 -> 16.8 is 5 %, whatever the float error)."""
+    return abs(change) <= limit * (1 + 1e-9)
 
 
 def _mode(profile: dict) -> str:
