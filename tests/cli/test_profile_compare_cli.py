@@ -95,10 +95,10 @@ def test_compare_refusals_and_force(tmp_path, capsys):
         code, out, err = run_in_process(["profile", "compare", str(a), str(other)], capsys)
         assert code == 2 and out == "" and err.startswith(message) and len(err.splitlines()) == 1, err
     code, out, _ = run_in_process(["profile", "compare", str(a), str(big), "--force"], capsys)
-    assert code == 0 and "note: batch (8 vs 16) differ: compared because of --force" in out
+    assert code == 0 and "note: batch (8 vs 16) differs: compared because of --force" in out
     assert "setup changed: batch 8 -> 16" in out
     assert json.loads(run_in_process(["profile", "compare", str(a), str(big), "--force", "--json"],
-                                     capsys)[1])["notes"][0].startswith("batch (8 vs 16) differ")
+                                     capsys)[1])["notes"][0].startswith("batch (8 vs 16) differs")
     code, _, err = run_in_process(["profile", "compare", str(a), str(tmp_path / "nowhere")], capsys)
     assert code == 2 and "no profile at" in err
 

@@ -132,9 +132,11 @@ def test_refusals_and_force():
     with pytest.raises(ConfigError, match="force"):
         compare(make_profile(), variant(imgsz=320), force=False)
     out = compare(make_profile(), variant(batch=16), force=True)
-    assert out["notes"] == ["batch (8 vs 16) differ: compared because of --force; per-step figures are not like "
+    assert out["notes"] == ["batch (8 vs 16) differs: compared because of --force; per-step figures are not like "
                             "for like"]
     assert out["setup_changes"] == {"batch": [8, 16]}
+    both = compare(make_profile(), variant(batch=16, imgsz=320), force=True)["notes"][0]
+    assert both.startswith("batch (8 vs 16) and imgsz (640 vs 320) differ: compared because of --force")
     assert compare(make_profile(), make_profile(), force=True)["notes"] == []
 
 
@@ -147,7 +149,7 @@ def test_print_compare_plain_and_rich(monkeypatch):
     assert lines[0] == "compare"
     assert lines[1].startswith("A: yolo9-t  batch 8  imgsz 640  workers 8  on NVIDIA H200") and lines[1].endswith("(runs/a)")
     assert lines[3] == "setup changed: batch 8 -> 16, workers 8 -> 2"
-    assert lines[4].startswith("note: batch (8 vs 16) differ: compared because of --force")
+    assert lines[4].startswith("note: batch (8 vs 16) differs: compared because of --force")
     assert lines[-1] == f"change: {out['change']['line']}"
     assert any(line.startswith("step ms ") and "16.0 ± 0.5" in line and "0.50x" in line for line in lines)
     assert any(line.startswith("verdict ") and "changed" in line for line in lines)

@@ -46,7 +46,8 @@ def check(a: dict, b: dict, force: bool = False) -> list[str]:
     if differ and not force:
         raise ConfigError(f"A and B differ in {' and '.join(differ)}: their per-step figures are not like for "
                           f"like; add --force to compare them anyway")
-    return [f"{' and '.join(differ)} differ: compared because of --force; per-step figures are not like for "
+    verb = "differs" if len(differ) == 1 else "differ"
+    return [f"{' and '.join(differ)} {verb}: compared because of --force; per-step figures are not like for "
             f"like"] if differ else []
 
 
