@@ -52,8 +52,9 @@ def check(a: dict, b: dict, force: bool = False) -> list[str]:
 
 
 def figures(profile: dict) -> dict:
-    """summary() (the keys CI gates read) plus idle_ms (step - kernel busy - the data wait that
-    left it idle) and kernels_per_step (kernel launches per unsynchronised step; None on CPU)."""
+    """summary() (the keys CI gates read) plus data_idle_ms (the part of the data wait the GPU sat
+    idle through), idle_ms (the rest of the idle: step - kernel busy - data_idle_ms) and
+    kernels_per_step (kernel launches per unsynchronised step; None on CPU)."""
     out = summary(profile)
     step, busy, wait = out["step_ms_mean"], out["kernel_busy_ms"], out["data_wait_ms"]
     idle = max(step - busy, 0.0) if _isnum(step) and _isnum(busy) else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import operator
 import re
 from dataclasses import dataclass
 
@@ -35,8 +36,7 @@ ALIASES = {"step_ms": "step_ms_mean", "step_std": "step_ms_std", "utilization": 
 VERDICTS = ("compute-bound", "dataloader-bound", "host-bound", "launch-bound")  # analyze.verdict's names
 MODES = ("train", "infer")
 OPS = ("<", "<=", ">", ">=", "==", "!=")
-_CMP = {"<": lambda x, y: x < y, "<=": lambda x, y: x <= y, ">": lambda x, y: x > y, ">=": lambda x, y: x >= y,
-        "==": lambda x, y: x == y, "!=": lambda x, y: x != y}
+_CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NUMBER = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 _TIMES_A = re.compile(rf"({_NUMBER})\s*\*\s*A")
