@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import run_in_process
 from torchvision.io import write_png
 
 from libreyolo import LibreYOLO
@@ -94,18 +95,26 @@ def test_a_folder_named_without_a_slash_and_resume(cli, tmp_path):
     ("resnet18", "detect", "ResNet cannot do task=detect (it does: classify)"),
     ("yolo9-t", "classify", "YOLOv9 cannot do task=classify (it does: detect)"),
 ])
-def test_a_task_the_family_cannot_do_is_one_line(cli, tmp_path, model, task, said):
+def test_a_task_the_family_cannot_do_is_one_line(tmp_path, monkeypatch, capsys, model, task, said):
     _folder(tmp_path / "pets")
-    proc = cli("train", f"model={model}", "data=pets", f"task={task}", "epochs=1", *FAST)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert said in proc.stderr and "Traceback" not in proc.stderr
-    assert not (tmp_path / "runs").exists()
+    err = _one_line_error(tmp_path, monkeypatch, capsys, f"model={model}", "data=pets", f"task={task}")
+    assert said in err and "Traceback" not in err
 
 
-def test_a_detector_on_a_classification_set_is_one_line(cli, tmp_path):
-    proc = cli("train", "model=yolo9-t", "data=shapes-cls", "epochs=1", *FAST)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "classification" in proc.stderr and not (tmp_path / "runs").exists()
+def _one_line_error(tmp_path, monkeypatch, capsys, *args) -> str:
+    """`libreyolo train ARGS epochs=1 FAST` in this process (the command's entry point without its
+    start-up): exit code 2, one line on stderr, nothing written; returns the line."""
+    monkeypatch.chdir(tmp_path)
+    before = _files(tmp_path)
+    code, out, err = run_in_process(["train", *args, "epochs=1", *FAST], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert out == "" and _files(tmp_path) == before
+    return err
+
+
+def test_a_detector_on_a_classification_set_is_one_line(tmp_path, monkeypatch, capsys):
+    err = _one_line_error(tmp_path, monkeypatch, capsys, "model=yolo9-t", "data=shapes-cls")
+    assert "classification" in err
 
 
 def _corrupt(root):
@@ -131,15 +140,10 @@ def _clash(root):
 @pytest.mark.parametrize("damage, said", [
     (_corrupt, "0.png"), (_empty_class, "dog"), (_no_class_folders, "class folder"), (_clash, "kitten"),
 ])
-def test_bad_classification_data_is_one_line_and_writes_nothing(cli, tmp_path, damage, said):
+def test_bad_classification_data_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, damage, said):
     data = _folder(tmp_path / "pets")
     damage(data)
-    before = _files(tmp_path)
-    proc = cli("train", "model=resnet18", f"data={data}", "epochs=1", *FAST)
-    assert proc.returncode == 2, proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], proc.stderr
-    assert _files(tmp_path) == before
+    assert said in _one_line_error(tmp_path, monkeypatch, capsys, "model=resnet18", f"data={data}")
 
 
 def test_bench_step_times_a_classifier(cli, tmp_path):
@@ -160,9 +164,7 @@ def test_profile_run_on_a_classifier(cli, tmp_path):
     assert summary["arch"] == "resnet18" and summary["verdict"]
 
 
-def test_a_detector_on_a_class_folder_is_one_line(cli, tmp_path):
+def test_a_detector_on_a_class_folder_is_one_line(tmp_path, monkeypatch, capsys):
     _folder(tmp_path / "pets")
-    proc = cli("train", "model=yolo9-t", "data=pets", "epochs=1", *FAST)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "data=pets is a folder: a detector reads a dataset yaml" in proc.stderr
-    assert not (tmp_path / "runs").exists()
+    err = _one_line_error(tmp_path, monkeypatch, capsys, "model=yolo9-t", "data=pets")
+    assert "data=pets is a folder: a detector reads a dataset yaml" in err

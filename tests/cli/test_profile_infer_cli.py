@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+from testkit import run_in_process
 
 TINY = ["--imgsz", "64", "device=cpu", "profile_skip=1", "profile_steps=4"]
 
@@ -49,7 +50,8 @@ def test_profile_infer_reports_and_its_directory_reads_back(cli, tmp_path):
     (("yolo9-t", "--imgsz", "100"), "bad value for 'imgsz': 100 (allowed: a multiple of 32)"),
     (("missing.pt",), "weights file 'missing.pt' does not exist"),
 ])
-def test_bad_input_is_one_line(cli, tmp_path, args, message):
-    result = cli("profile", "infer", *args)
-    assert result.returncode == 2 and result.stderr.startswith("error: ") and message in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+def test_bad_input_is_one_line(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)  # in this process: the command's entry point, without its start-up
+    code, _, err = run_in_process(["profile", "infer", *args], capsys)
+    assert code == 2 and err.startswith("error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
