@@ -58,11 +58,20 @@ def progress_bar(items: Iterable, enabled: bool, description: str, total: int | 
         yield items
         return
     from rich.console import Console
-    from rich.progress import Progress
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     if total is None and hasattr(items, "__len__"):
         total = len(items)
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=total)
 
         def advance():

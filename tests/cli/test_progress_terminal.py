@@ -57,3 +57,19 @@ def test_train_shows_a_live_bar_in_a_terminal(cli_command, tmp_path):
     assert final, text[-2000:]
     assert re.search(r"epoch 1/1 .*16/16 .*box \d.*cls \d.*dfl \d.*\d+ img/s .*ETA", final[-1]), final[-1]
     assert (tmp_path / "runs" / "train" / "exp" / "results.html").is_file()  # val=false: training curves only
+
+
+def test_predict_on_a_folder_shows_a_bar_in_a_terminal(cli_command, tmp_path):
+    import torch
+    from torchvision.io import write_png
+
+    (tmp_path / "imgs").mkdir()
+    for i in range(6):
+        write_png(torch.full((3, 40, 60), 40 * i, dtype=torch.uint8), str(tmp_path / "imgs" / f"{i}.png"))
+    code, shown, out = run_in_pty([*cli_command, "predict", "model=yolo9-t", "source=imgs", "imgsz=64",
+                                   "device=cpu", "save=false", "--json"], tmp_path)
+    assert code == 0, shown[-3000:]
+    assert len(out.splitlines()) == 6 and all(line.startswith("{") for line in out.splitlines())  # JSON alone
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)
+    assert "\x1b[" in shown and "predicting" in text and "6/6" in text, text[-2000:]
+    assert "done: 6 images" in text
