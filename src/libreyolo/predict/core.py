@@ -1,9 +1,10 @@
 """Predict: images in, `Result`s out, through the same transforms and post-process as val.
 
-The flow per batch: the task's `prepare` (validation's letterbox or centre crop) runs on a small
-thread pool while the device works on the previous batch; the batch goes to the device as uint8
-(pinned, 4x fewer bytes than float); `network` turns it into the task's prediction (float / 255,
-the model, its decode, under autocast), replayed from a CUDA graph with `cuda_graph=True`; the
+The flow: a thread pool decodes the source's image files and runs the task's `prepare`
+(validation's letterbox or centre crop) a few batches ahead of the device; a batch goes up as
+uint8 (4x fewer bytes than float) through one reused pinned buffer; `network` turns it into the
+task's prediction (/ 255 in the weights' dtype, the deploy model: conv+BN folded, float16 weights
+on CUDA by default, its decode in float32), replayed from a CUDA graph with `cuda_graph=True`; the
 task's `results` does NMS (detection) and maps boxes back to original pixels.
 
 A `Predictor` holds the model and its graph; `LibreYOLO.predict` keeps one per setting, so a script
@@ -37,7 +38,7 @@ class Predictor:
                  amp_dtype: str = "float16", cuda_graph: bool = False, workers: int = 4):
         from ..config import FIELDS
         from ..engine.builder import build_model
-        from ..engine.device import select_device
+        from ..engine.device import device_list, select_device
         from ..engine.precision import Precision
         from ..model import inference_args
         from ..tasks import task_for
@@ -51,8 +52,6 @@ class Predictor:
             trained, _ = inference_args(source, {}, ("imgsz",))
             imgsz = int(trained.get("imgsz") or source.defaults.get("imgsz", FIELDS["imgsz"].default))
         self.imgsz, self.batch, self.workers = int(imgsz), int(batch), int(workers)
-        from ..engine.device import device_list
-
         if device_list(str(device).strip().lower()) is not None:
             raise ConfigError(f"device={device}: predict runs on one device (e.g. device=0)")
         self.device = select_device(device)
@@ -185,6 +184,7 @@ class Predictor:
 def predict(predictor_for, source: Any, options: dict[str, Any]) -> Iterator[Result]:
     """Results for `source` with checked `options` (check_options); annotated files saved when
     options['save']. `predictor_for(options)` supplies the Predictor (cached by the caller)."""
+    from ..logs import progress_bar
     from ..model import checking_inputs
     from .draw import Saver, annotate, predict_dir
     from .sources import open_source
@@ -194,8 +194,6 @@ def predict(predictor_for, source: Any, options: dict[str, Any]) -> Iterator[Res
         predictor = predictor_for(options)
     opts = PostOptions(options["conf"], options["iou"], options["max_det"], options["multi_label"])
     saver = Saver(predict_dir(options["project"], options["name"], options["exist_ok"])) if options["save"] else None
-    from ..logs import progress_bar
-
     show = options["progress"] and frames.kind in ("folder", "glob", "video", "list")
     with saver if saver is not None else contextlib.nullcontext(), \
             progress_bar(predictor.run(frames, opts), show, "predicting", total=frames.total) as pairs:
@@ -204,4 +202,4 @@ def predict(predictor_for, source: Any, options: dict[str, Any]) -> Iterator[Res
                 result.extra["saved"] = str(saver.save(frame, annotate(frame.image, result)))
             yield result
     if getattr(frames, "skipped", 0):
-        log.warning(f"{frames.skipped} file(s) of {source} could not be decoded and were skipped")
+        log.warning(f"{frames.skipped} file(s) of the source could not be decoded and were skipped (named above)")
