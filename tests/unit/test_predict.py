@@ -164,3 +164,17 @@ def test_api_keeps_one_model_per_setting(tmp_path, monkeypatch):
     lib.predict(image, imgsz=96, device="cpu")
     assert len(lib._predictors) == 1 and next(iter(lib._predictors))[0] == 96
     assert not (tmp_path / "runs").exists()  # Python's save default is false
+
+
+def test_a_broken_file_in_a_folder_is_skipped_and_counted(tmp_path, caplog, monkeypatch):
+    from torchvision.io import write_png
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "imgs").mkdir()
+    write_png(torch.zeros(3, 30, 40, dtype=torch.uint8), str(tmp_path / "imgs" / "a.png"))
+    (tmp_path / "imgs" / "b.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    with caplog.at_level(logging.WARNING, logger="libreyolo"):
+        results = LibreYOLO("yolo9-t").predict("imgs", imgsz=64, device="cpu")
+    assert [r.name for r in results] == ["a.png"]
+    assert "cannot decode" in caplog.text and "b.png" in caplog.text
+    assert "1 file(s) of the source could not be decoded" in caplog.text
