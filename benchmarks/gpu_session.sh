@@ -146,7 +146,7 @@ stage_run() {
         extra=""; [ "$arm" = graph ] && extra="cuda_graph=true"
         (cd /tmp && python3 -m libreyolo profile infer yolo9-t --batch 1 --imgsz 640 amp_dtype=float16 \
           project="$runs/profile-infer-$arm" $extra > "$out/profile_infer_$arm.log" 2>&1)
-        d=$(ls -d "$runs/profile-infer-$arm"/* | tail -1)
+        d=$(ls -td "$runs/profile-infer-$arm"/* | head -1)  # the newest run
         mkdir -p "$out/profile_infer_$arm" && cp "$d"/profile.json "$d"/profile_summary.json "$out/profile_infer_$arm/"
         tail -30 "$out/profile_infer_$arm.log"
       done ;;

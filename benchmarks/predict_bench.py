@@ -7,8 +7,8 @@ Every arm is a fresh process (its own CUDA context, allocator, cuDNN state and g
 after another. The images are the built-in shapes set's files (train then val, about 600 px,
 cycled to --images), read from disk by each side's own predict: decode, letterbox, upload,
 forward, NMS and boxes mapped back to original pixels are all inside the timed loop. Models are
-built from scratch (80 classes, random weights: nothing to download here), float16 autocast at
-640, conf 0.25, iou 0.7.
+built from scratch (80 classes, random weights: nothing to download here), float16 at
+640, conf 0.25, iou 0.7; ours in float16 weights, the peer with `half=True`.
 
 Per arm: images/s over the timed pass (after a warm-up pass over two batches, which also captures
 the graph), latency per batch (= per image at batch 1), and the stage split measured in a second,
@@ -129,6 +129,11 @@ def peer(python: str, batch: int, n: int) -> dict:
             "peer_speed_ms_per_image": r["speed_ms_per_image"], "peer_version": r["version"]}
 
 
+def images_for(wanted: int, batch: int) -> int:
+    """At least `wanted` images and 8 batches, in whole batches."""
+    return -(-max(wanted, 8 * batch) // batch) * batch
+
+
 def table(rows: list[dict]) -> str:
     out = ["| model | batch | arm | images/s | ms per batch | prepare / infer / post ms | post share | dets/img |",
            "|---|---:|---|---:|---:|---|---:|---:|"]
@@ -166,12 +171,12 @@ def main() -> None:
     CONF = args.conf
     if args.one:
         model, batch, arm = args.one
-        print(json.dumps(ours(model, int(batch), arm, max(args.images, 8 * int(batch)))))
+        print(json.dumps(ours(model, int(batch), arm, images_for(args.images, int(batch)))))
         return
     rows: list[dict] = []
     for model in args.models:
         for batch in args.batches:
-            n = max(args.images, 8 * batch)
+            n = images_for(args.images, batch)
             for arm in args.arms.split(","):
                 proc = subprocess.run([sys.executable, __file__, "--out", args.out, "--images", str(n), "--conf", str(CONF),
                                        "--one", model, str(batch), arm], capture_output=True, text=True, timeout=900)

@@ -294,11 +294,12 @@ class LibreYOLO:
         `predict.Result` (one per image or video frame; boxes in original pixels), or with
         `stream=True` a generator of them (a long video without holding every result).
 
-        Options (`predict.core.KEYS`): conf=0.25, iou=0.7, imgsz (the checkpoint's), max_det=300,
+        Options (`predict.options.KEYS`): conf=0.25, iou=0.7, imgsz (the checkpoint's), max_det=300,
         batch=1, device, amp, amp_dtype, cuda_graph, save=False (annotated files into
         project/name), project, name, exist_ok, vid_stride, workers; and `multi_label` (a
         candidate per class above conf, as validation does) and `progress` (a bar on a terminal).
-        The model is built once per (imgsz, batch, device, amp, amp_dtype, cuda_graph)."""
+        The model is kept for the next call with the same imgsz, batch, device, amp, amp_dtype and
+        cuda_graph (one setting at a time: another replaces it)."""
         from .predict.core import predict as run
         from .predict.options import check_options
 
@@ -309,7 +310,7 @@ class LibreYOLO:
     def _predictor(self, opts: dict[str, Any]):
         from .predict.core import Predictor
 
-        setting = tuple(opts[k] for k in ("imgsz", "batch", "device", "amp", "amp_dtype", "cuda_graph", "workers"))
+        setting = tuple(opts[k] for k in ("imgsz", "batch", "device", "amp", "amp_dtype", "cuda_graph"))
         cached = getattr(self, "_predictors", {})
         if setting not in cached:
             cached.clear()  # one model in memory: a new setting replaces the last
@@ -318,6 +319,7 @@ class LibreYOLO:
                                         workers=opts["workers"])
             self._predictors = cached
             log.info(f"predicting with {cached[setting].describe()}")
+        cached[setting].workers = int(opts["workers"])  # threads only: no rebuild
         return cached[setting]
 
     def export(self, **options: Any):

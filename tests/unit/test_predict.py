@@ -178,3 +178,27 @@ def test_a_broken_file_in_a_folder_is_skipped_and_counted(tmp_path, caplog, monk
     assert [r.name for r in results] == ["a.png"]
     assert "cannot decode" in caplog.text and "b.png" in caplog.text
     assert "1 file(s) of the source could not be decoded" in caplog.text
+
+
+def test_results_are_ordinary_tensors_the_user_may_edit():
+    predictor = _predictor("yolo9-t", ["a", "b"], 64, 1)
+    (_, r), = predictor.run([_Frame(torch.zeros(3, 64, 64, dtype=torch.uint8), "x")], PostOptions(conf=0.0, max_det=3))
+    r.boxes[:, 0] += 1  # an inference tensor would refuse this outside inference mode
+    assert not r.boxes.is_inference()
+
+
+def test_a_folder_where_nothing_decodes_is_one_line(tmp_path, monkeypatch):
+    from libreyolo.errors import DataError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "b.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    with pytest.raises(DataError, match="none of the 1 image file"):
+        LibreYOLO("yolo9-t").predict("imgs", imgsz=64, device="cpu", save=True)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("options", [{"conf": None}, {"save": "false"}, {"iou": True}])
+def test_python_options_of_the_wrong_type_are_one_line(options):
+    with pytest.raises(ConfigError, match="bad value"):
+        check_options(options)

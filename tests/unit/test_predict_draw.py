@@ -146,3 +146,34 @@ def test_saved_frames_come_from_annotate(tmp_path):
     with Saver(tmp_path) as saver:
         path = saver.save(frame, annotate(frame.image, detection([[10, 10, 30, 30]], [0])))
     assert decode_image(str(path))[:, 20, 10].tolist() == list(PALETTE[0])  # png: exact pixels
+
+
+def test_a_video_interrupted_before_anything_else_landed_leaves_no_folder(tmp_path):
+    with pytest.raises(KeyboardInterrupt), Saver(tmp_path / "exp") as saver:
+        for frame in video_frames("clip.mp4", 2):
+            saver.save(frame, frame.image)
+        raise KeyboardInterrupt
+    assert not (tmp_path / "exp").exists()
+
+
+def test_a_generator_closed_early_keeps_the_video_so_far(tmp_path):
+    def frames():
+        with Saver(tmp_path / "exp") as saver:
+            for frame in video_frames("clip.mp4", 5):
+                saver.save(frame, frame.image)
+                yield frame
+
+    gen = frames()
+    next(gen), next(gen)
+    gen.close()  # what a `break` out of predict(stream=True) does
+    assert read_video(tmp_path / "exp" / "clip.mp4")[0] == 2
+
+
+def test_a_folder_that_cannot_be_written_is_one_line(tmp_path):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    from libreyolo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot write annotated files to") as err, \
+            Saver(tmp_path / "taken" / "exp") as saver:
+        saver.save(still("a.jpg", 0, "a.jpg"), grey())
+    assert "\n" not in str(err.value)

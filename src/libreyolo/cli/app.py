@@ -212,7 +212,7 @@ def _predict_help() -> str:
     from ..predict.options import KEYS
 
     width = max(len(k) for k in KEYS) + 1
-    shown = {k: "ckpt*" if k == "imgsz" else "auto" if k == "device" else
+    shown = {k: "ckpt*" if k == "imgsz" else "auto" if k == "device" else "(required)" if k == "source" else
              str(v.default).lower() if isinstance(v.default, bool) else str(v.default) for k, v in KEYS.items()}
     dw = max(len(v) for v in shown.values())
     rows = "\n".join(f"  {k + '=':<{width}}  {shown[k]:<{dw}}  {v.doc}" for k, v in KEYS.items())
@@ -263,6 +263,9 @@ def predict(ctx: typer.Context,
     from ..predict.options import check_options
 
     opts = check_options({**args, "progress": True})
+    from ..predict.sources import open_source
+
+    open_source(source, vid_stride=opts["vid_stride"])  # the whole source checked before a model loads
     lib = LibreYOLO(model)
     start, n, saved_dir = time.perf_counter(), 0, None
     for result in run(lib._predictor, source, opts):

@@ -53,7 +53,7 @@ def check_data(data: Any) -> None:
 
 def check_source(source: Any) -> None:
     """A predict `source=` path that does not exist (a glob pattern is left to the full check)."""
-    if isinstance(source, str) and source and not any(c in source for c in "*?[") \
+    if isinstance(source, str) and source and not any(c in source for c in "*?[") and "://" not in source \
             and not Path(source).expanduser().exists():
         raise DataError(f"source '{source}' does not exist")
 

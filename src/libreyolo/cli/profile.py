@@ -122,8 +122,8 @@ def infer(ctx: typer.Context,
     run: verdict, the lever to pull (batch, cuda_graph, amp, workers), phases and top kernels.
     Phases: data (decode, then letterbox or crop: the wait for a prepared batch), h2d, forward,
     postprocess (NMS and the copy of the results to the host). Keys: device, amp, amp_dtype,
-    cuda_graph (needs profile_skip >= 3), workers (prepare threads, default 2; 0: on the loop's
-    thread), conf, iou, max_det, profile_skip, profile_steps, project, name, exist_ok. Files:
+    cuda_graph (needs profile_skip >= 3), workers (decode and prepare threads, default 4; 0: on
+    the loop's thread), conf, iou, max_det, profile_skip, profile_steps, project, name, exist_ok. Files:
     profile.json, profile_summary.json, profile_trace.json (Perfetto, HTA), timeline.html, args.yaml.
     """
     from ..config import FIELDS

@@ -1,7 +1,7 @@
 """From raw predictions to detections, and from network pixels back to image pixels.
 
-Validation only: these functions sync with the host (`nonzero`, NMS) and are never called from the
-training step.
+Validation and predict: these functions sync with the host (`nonzero`, NMS) and are never called
+from the training step.
 """
 
 from __future__ import annotations

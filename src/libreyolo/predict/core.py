@@ -7,8 +7,8 @@ task's prediction (/ 255 in the weights' dtype, the deploy model: conv+BN folded
 on CUDA by default, its decode in float32), replayed from a CUDA graph with `cuda_graph=True`; the
 task's `results` does NMS (detection) and maps boxes back to original pixels.
 
-A `Predictor` holds the model and its graph; `LibreYOLO.predict` keeps one per setting, so a script
-that predicts frame by frame builds the model once.
+A `Predictor` holds the model and its graph; `LibreYOLO.predict` keeps the last one, so a script
+that predicts frame by frame with the same settings builds the model once.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from .post import PostOptions
 from .results import Result
 
@@ -72,7 +72,7 @@ class Predictor:
         elif cuda_graph and self.device.type != "cuda":
             log.info(f"cuda_graph=true ignored: it needs a CUDA device (predicting on {self.device})")
         elif cuda_graph:
-            self.graph = InferenceGraph(self.network)
+            self.graph = InferenceGraph(self.network, rows=self.batch)
 
     def _deploy(self, model: torch.nn.Module) -> torch.nn.Module:
         """The inference form of a training model: eval mode, BatchNorm folded into the convs
@@ -145,7 +145,7 @@ class Predictor:
     def _results(self, batch: list, opts: PostOptions) -> list[tuple[Any, Result]]:
         frames, images, metas = zip(*batch)
         preds = self.infer(torch.stack(images))
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference_mode: a Result's tensors are the user's to edit
             return list(zip(frames, self.task.results(preds, metas, frames, self.names, opts)))
 
     def _prepared(self, frames: Iterable) -> Iterator[tuple[Any, Tensor, Any]]:
@@ -195,11 +195,15 @@ def predict(predictor_for, source: Any, options: dict[str, Any]) -> Iterator[Res
     opts = PostOptions(options["conf"], options["iou"], options["max_det"], options["multi_label"])
     saver = Saver(predict_dir(options["project"], options["name"], options["exist_ok"])) if options["save"] else None
     show = options["progress"] and frames.kind in ("folder", "glob", "video", "list")
+    produced = 0
     with saver if saver is not None else contextlib.nullcontext(), \
             progress_bar(predictor.run(frames, opts), show, "predicting", total=frames.total) as pairs:
         for frame, result in pairs:
             if saver is not None:
                 result.extra["saved"] = str(saver.save(frame, annotate(frame.image, result)))
+            produced += 1
             yield result
-    if getattr(frames, "skipped", 0):
+    if not produced and frames.skipped:
+        raise DataError(f"none of the {frames.skipped} image file(s) of the source decodes (named above)")
+    if frames.skipped:
         log.warning(f"{frames.skipped} file(s) of the source could not be decoded and were skipped (named above)")

@@ -29,6 +29,7 @@ from torchvision.utils import draw_bounding_boxes
 
 from ..atomic import atomic_path
 from ..engine.rundir import run_dir_candidates
+from ..errors import ConfigError
 from .results import TOP_K, Result
 from .sources import DEFAULT_FPS, Frame, import_av
 
@@ -112,16 +113,26 @@ class Saver:
     Two inputs with the same output name (a list naming a/x.jpg and b/x.jpg) give x.jpg and
     x_2.jpg: nothing of this run is overwritten. Use it as a context manager, or call `close()`:
     a video's file appears when the video ends (its last frame, the next input, or close); leaving
-    the `with` block on an exception deletes the unfinished video instead."""
+    the `with` block on an exception deletes the unfinished video instead (and the folder, if this
+    run made it and it is still empty)."""
 
     def __init__(self, save_dir: Path):
         self.save_dir = Path(save_dir)
         self._taken: set[str] = set()  # lower-case: a.JPG and a.jpg are one file on macOS and Windows
         self._video: _VideoWriter | None = None
+        self._made_dir = not self.save_dir.exists()  # removed again if the run fails before a file lands
 
     def save(self, frame: Frame, annotated: torch.Tensor) -> Path:
         """Write `annotated` (RGB uint8 [3, h, w]) for `frame`; the path it is (for a video frame:
-        will be, once the video is finished) saved under."""
+        will be, once the video is finished) saved under. A folder that cannot be written is one
+        ConfigError line."""
+        try:
+            return self._save(frame, annotated)
+        except OSError as exc:
+            raise ConfigError(f"cannot write annotated files to {self.save_dir}: {exc.strerror or exc} "
+                              f"(choose another project= or name=, or save=false)") from None
+
+    def _save(self, frame: Frame, annotated: torch.Tensor) -> Path:
         img = annotated.detach().cpu().contiguous()
         stem = Path(frame.name).stem
         if frame.frame is not None:
@@ -148,11 +159,16 @@ class Saver:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc is None:
+        # A generator closed early (a `break` out of predict(stream=True)) is not a failure: the
+        # video so far is kept.
+        if exc is None or isinstance(exc, GeneratorExit):
             self.close()
-        elif self._video is not None:
+            return
+        if self._video is not None:
             self._video.abort(exc)
             self._video = None
+        if self._made_dir and self.save_dir.is_dir() and not any(self.save_dir.iterdir()):
+            self.save_dir.rmdir()
 
     def _finish_video(self) -> None:
         if self._video is not None:

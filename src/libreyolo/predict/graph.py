@@ -1,11 +1,12 @@
-"""A CUDA graph of the inference forward: one capture per (batch, imgsz), replayed per batch.
+"""A CUDA graph of the inference forward: captured once, at the predictor's batch and imgsz.
 
 Inference is the easy capture: no backward, no loss, no optimizer, and in eval mode no batch-norm
 statistics or dropout draws change between calls. What the graph holds: uint8 -> float / 255, the
-network and its decode, under the run's autocast. The first batch of a shape runs eagerly twice
-on a side stream (cuDNN picks its algorithms, the allocator settles), then is captured; later
-batches of that shape replay it. A batch smaller than the captured one (a folder's last batch)
-replays the same graph on the first rows of its input buffer. Another input shape runs eager,
+network (weights in the run's dtype) and its decode. The first batch runs eagerly twice on a
+side stream (cuDNN picks its algorithms, the allocator settles), then is captured with the
+predictor's batch rows (a smaller first batch is padded); later batches replay it. A batch
+smaller than the captured one (a folder's last batch) replays the same graph on the first rows
+of its input buffer. Another input shape runs eager,
 said in one line the first time; a failed capture says why in one line and the rest runs eager.
 The rules are those of the PyTorch CUDA-graphs notes (docs: notes/cuda, "CUDA Graphs").
 """
@@ -28,8 +29,9 @@ WARMUP = 2  # eager calls on the side stream before the capture
 class InferenceGraph:
     """`graph(images uint8 [B, 3, S, S] on the device) -> fn(images)`, replayed when it can be."""
 
-    def __init__(self, fn: Callable[[Tensor], Tensor]):
+    def __init__(self, fn: Callable[[Tensor], Tensor], rows: int = 1):
         self.fn = fn
+        self.rows = rows  # the capture's batch: a smaller first batch is padded to it
         self.graph: torch.cuda.CUDAGraph | None = None
         self.key: tuple | None = None          # the captured input's key, at its full batch
         self.fallback_reason: str | None = None
@@ -67,7 +69,9 @@ class InferenceGraph:
             self.fallback_reason = "needs a CUDA device"
             return
         try:
-            static_in = images.clone()
+            n = images.shape[0]
+            static_in = images.new_zeros((max(n, self.rows), *images.shape[1:]))
+            static_in[:n].copy_(images)
             side = torch.cuda.Stream(images.device)
             side.wait_stream(torch.cuda.current_stream(images.device))
             with torch.cuda.stream(side):
@@ -82,9 +86,6 @@ class InferenceGraph:
             log.info(f"cuda_graph: capture failed ({self.fallback_reason}); predicting eager")
             torch.cuda.synchronize(images.device)
             return
-        self.graph, self.key = graph, input_key(images)
+        self.graph, self.key = graph, input_key(static_in)
         self._static_in, self._static_out = static_in, static_out
         log.info(f"cuda_graph: captured the forward for {describe_key(self.key)}")
-
-    def release(self) -> None:
-        self.graph = self._static_in = self._static_out = None

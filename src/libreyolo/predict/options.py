@@ -28,8 +28,8 @@ KEYS: dict[str, Key] = {
     "max_det": Key(int, 300, "maximum detections per image"),
     "batch": Key(int, 1, "images per forward (larger: more images/s, more latency)"),
     "device": Key(str, "", "cpu, cuda, cuda:N or N (default: cuda when available)"),
-    "amp": Key(bool, True, "mixed precision on CUDA (ignored on CPU)"),
-    "amp_dtype": Key(str, "float16", "autocast dtype: float16 or bfloat16"),
+    "amp": Key(bool, True, "half-precision weights on CUDA (ignored on CPU)"),
+    "amp_dtype": Key(str, "float16", "their dtype: float16 or bfloat16"),
     "cuda_graph": Key(bool, False, "replay the forward from a CUDA graph (CUDA only)"),
     "save": Key(bool, True, "write annotated images/videos to project/name (Python default: false)"),
     "project": Key(str, "runs/predict", "where predict runs go"),
@@ -58,8 +58,11 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
             raise ConfigError(f"bad value for '{key}': {out[key]!r} (allowed: an int >= 1)")
     for key in ("conf", "iou"):
-        if not 0 <= float(out[key]) <= 1:
+        if isinstance(out[key], bool) or not isinstance(out[key], (int, float)) or not 0 <= out[key] <= 1:
             raise ConfigError(f"bad value for '{key}': {out[key]!r} (allowed: a float in [0, 1])")
+    for key in ("save", "exist_ok", "amp", "cuda_graph", "multi_label", "progress"):
+        if not isinstance(out[key], bool):
+            raise ConfigError(f"bad value for '{key}': {out[key]!r} (allowed: true or false)")
     if out["imgsz"] is not None and (not isinstance(out["imgsz"], int) or out["imgsz"] < 32 or out["imgsz"] % 32):
         raise ConfigError(f"bad value for 'imgsz': {out['imgsz']!r} (allowed: a multiple of 32)")
     return out

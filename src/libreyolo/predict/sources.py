@@ -249,11 +249,6 @@ class _ImageFile:
         if strict and not image_ok(path):  # a lone image is checked up front, before any model is built
             raise DataError(f"{path}: does not decode (truncated or not an image)")
 
-    def frames(self) -> Iterator[_Yield]:
-        decoded = self.decode()
-        if decoded is not None:
-            yield decoded
-
     def decode(self) -> _Yield | None:
         """The image, or None (said in one warning line) when it does not decode; thread-safe."""
         # image_ok first: it is silent, where libpng prints its own line on a broken PNG.

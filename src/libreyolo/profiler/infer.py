@@ -52,7 +52,7 @@ DEFAULT_IMAGES = 32
 # window._overhead's reference leaves out the first skipped step and the one before the window; a
 # graphed window needs one replayed step between them (the capture is the first step's).
 GRAPH_SKIP = 3
-# The keys `profile infer` takes: predict's (predict/core.py KEYS), then the window and the output.
+# The keys `profile infer` takes: predict's (predict/options.py KEYS), then the window and the output.
 PREDICT_KEYS = ("source", "batch", "imgsz", "device", "amp", "amp_dtype", "cuda_graph", "conf", "iou", "max_det")
 OWN_DEFAULTS = {"workers": PREDICT["workers"].default, "profile_skip": FIELDS["profile_skip"].default,
                 "profile_steps": FIELDS["profile_steps"].default, "project": "runs/profile", "name": "infer",
@@ -62,8 +62,9 @@ KEYS = (*PREDICT_KEYS, *OWN_DEFAULTS)
 
 @dataclass(frozen=True)
 class InferConfig:
-    """One inference profile's settings. `cache` and `channels_last` are training keys that
-    profile.json's run metadata records; inference uses neither."""
+    """One inference profile's settings. `cache` and `channels_last` are the training keys that
+    profile.json's run metadata records: inference caches nothing, and `channels_last` is what the
+    Predictor chose (true on CUDA)."""
 
     model: str
     source: str | None  # None: the task's built-in validation images
@@ -142,8 +143,11 @@ class _Cycle:
     thread pool (predict/sources.py), plain iteration for workers=0."""
 
     def __init__(self, files: Sequence[Path]):
+        from ..data.classify import image_ok
         from ..predict.sources import open_source
 
+        if not any(image_ok(Path(f)) for f in files):  # else the cycle would look for a frame for ever
+            raise DataError(f"none of the {len(files)} image file(s) of the source decodes (truncated or not images)")
         self.source = open_source([str(f) for f in files])
 
     def decoders(self):
@@ -272,7 +276,7 @@ def run_once(model: str, overrides: dict[str, Any]) -> Path:
         predictor = Predictor(model_source, imgsz=cfg.imgsz, batch=cfg.batch, device=cfg.device, amp=cfg.amp,
                               amp_dtype=cfg.amp_dtype, cuda_graph=cfg.cuda_graph, workers=cfg.workers)
         files, images = image_files(cfg.source, predictor.task)
-    cfg = replace(cfg, imgsz=predictor.imgsz)
+    cfg = replace(cfg, imgsz=predictor.imgsz, channels_last=predictor.channels_last)
     run_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok)
     (run_dir / "args.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
     log.info(f"profiling inference of {predictor.describe()}; images: {images}; {cfg.profile_skip} skipped + "
