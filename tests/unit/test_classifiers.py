@@ -108,7 +108,8 @@ def test_loss_runs_in_float32_whatever_the_input_dtype(family):
 
 
 @pytest.mark.parametrize("family", CLASSIFIERS)
-def test_channels_last_matches_and_predict_gives_probabilities(family):
+def test_predict_gives_probabilities(family):
+    """(channels_last against contiguous: test_families.py, for every family.)"""
     spec = REGISTRY[family]
     torch.manual_seed(0)
     model = spec.build(spec.sizes[0], 6).eval()
@@ -116,12 +117,9 @@ def test_channels_last_matches_and_predict_gives_probabilities(family):
     with torch.no_grad():
         ref = model.capturable(x)[0]
         probs = model.predict(x)
-        model = model.to(memory_format=torch.channels_last)
-        got = model.capturable(x.contiguous(memory_format=torch.channels_last))[0]
     assert probs.shape == (2, 6) and probs.dtype == torch.float32 and (probs >= 0).all()
     assert torch.allclose(probs.sum(1), torch.ones(2), atol=1e-5)
     assert torch.equal(probs.argmax(1), ref.argmax(1))
-    assert torch.allclose(ref, got, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("family", CLASSIFIERS)

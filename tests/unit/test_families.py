@@ -158,7 +158,7 @@ def test_loss_runs_in_float32_whatever_the_input_dtype(family):
     assert items_ac.dtype == torch.float32 and torch.allclose(items_ac, items, rtol=1e-6)
 
 
-@pytest.mark.parametrize("family", DETECTORS)
+@pytest.mark.parametrize("family", sorted(REGISTRY))
 def test_channels_last_matches_contiguous(family):
     spec = REGISTRY[family]
     torch.manual_seed(0)
@@ -169,7 +169,8 @@ def test_channels_last_matches_contiguous(family):
         model = model.to(memory_format=torch.channels_last)
         got = model.capturable(x.contiguous(memory_format=torch.channels_last))
         pred = model.predict(x.contiguous(memory_format=torch.channels_last))
-    assert pred.shape == (2, 64 + 16 + 4, 4 + 4)  # one prediction per cell at strides 8/16/32
+    if "detect" in spec.tasks:
+        assert pred.shape == (2, 64 + 16 + 4, 4 + 4)  # one prediction per cell at strides 8/16/32
     for r, g in zip(ref, got):
         assert torch.allclose(r, g, atol=1e-4, rtol=1e-4)
 
