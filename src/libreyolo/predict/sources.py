@@ -96,6 +96,10 @@ class Source:
             if frame is not None:
                 yield frame
 
+    def image_files(self) -> list[Path]:
+        """The image files this source reads, in order (not its videos or in-memory images)."""
+        return [item.path for item in self._items if isinstance(item, _ImageFile)]
+
     def decoders(self) -> Iterator[Callable[[], _Yield | None]]:
         """The iteration split for a thread pool: one callable per frame, in order. Calling it
         decodes an image file (None if it does not decode), or hands over a frame this thread

@@ -25,7 +25,6 @@ spread over the set.
 from __future__ import annotations
 
 import contextlib
-import glob
 import itertools
 import logging
 import math
@@ -119,22 +118,14 @@ def image_files(source: str | None, task) -> tuple[list[Path], str]:
         files = files[:: max(len(files) // DEFAULT_IMAGES, 1)][:DEFAULT_IMAGES]
         return files, f"{task.builtin_data} val ({len(files)} images)"
 
-    def is_image(p: Path) -> bool:
-        return p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and p.is_file()
+    from ..predict.sources import open_source
 
     path = Path(source).expanduser()
-    if path.is_dir():
-        files = sorted((p for p in path.iterdir() if is_image(p)), key=lambda p: p.name)
-    elif path.is_file():
-        if not is_image(path):
-            raise DataError(f"source {source}: profile infer reads still images ({', '.join(IMAGE_SUFFIXES)})")
-        files = [path]
-    elif any(c in source for c in "*?["):
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if is_image(Path(p)))
-    else:
+    if path.is_file() and path.suffix.lower() not in IMAGE_SUFFIXES:  # a video, or not an image
+        raise DataError(f"source {source}: profile infer reads still images ({', '.join(IMAGE_SUFFIXES)})")
+    if not path.exists() and not any(c in source for c in "*?["):
         raise DataError(f"source '{source}' does not exist")
-    if not files:
-        raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in source {source}")
+    files = open_source(source).image_files()  # predict's own listing: sorted, no dot-files, no subfolders
     return files, f"{source} ({len(files)} image{'s' if len(files) != 1 else ''})"
 
 
