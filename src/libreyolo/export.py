@@ -229,21 +229,10 @@ class _Built:
 
 
 def _build(source, imgsz: int | None, device: str) -> _Built:
-    from .config import FIELDS
     from .engine.builder import build_model
-    from .engine.device import device_list, select_device
-    from .model import inference_args
-    from .tasks import task_for
+    from .model import inference_setup
 
-    ckpt = source.checkpoint
-    task = task_for(source.spec, (ckpt or {}).get("task"))
-    names = [str(n) for n in ckpt["names"]] if ckpt is not None else [f"class{i}" for i in range(task.default_classes)]
-    if imgsz is None:  # as val and predict: the size it was trained at, else its family's default
-        trained, _ = inference_args(source, {}, ("imgsz",))
-        imgsz = int(trained.get("imgsz") or source.defaults.get("imgsz", FIELDS["imgsz"].default))
-    if device_list(str(device).strip().lower()) is not None:
-        raise ConfigError(f"device={device}: export runs on one device (e.g. device=0)")
-    target = select_device(device)
+    task, names, imgsz, target = inference_setup(source, imgsz, device, "export")
     model = build_model(source, len(names), exact=True).float().eval().to(target)
     stride = max(getattr(model, "strides", (CLASSIFIER_STRIDE,)))
     if imgsz % stride or imgsz < stride:

@@ -360,6 +360,24 @@ def inference_args(source: ModelSource, user: dict[str, Any],
     return values, origin
 
 
+def inference_setup(source: ModelSource, imgsz: int | None, device: Any, command: str):
+    """What predict and export run a model with: (task, class names, imgsz, device). The names
+    are the checkpoint's, else class0, class1, ... of the task's default count; imgsz as given,
+    else the size the checkpoint was trained at, else the family's default (as val chooses it);
+    one device (a GPU list is one ConfigError line naming `command`)."""
+    from .engine.device import device_list, select_device
+
+    ckpt = source.checkpoint
+    task = task_for(source.spec, (ckpt or {}).get("task"))
+    names = [str(n) for n in ckpt["names"]] if ckpt is not None else [f"class{i}" for i in range(task.default_classes)]
+    if imgsz is None:
+        trained, _ = inference_args(source, {}, ("imgsz",))
+        imgsz = trained.get("imgsz") or source.defaults.get("imgsz", FIELDS["imgsz"].default)
+    if device_list(str(device).strip().lower()) is not None:
+        raise ConfigError(f"device={device}: {command} runs on one device (e.g. device=0)")
+    return task, names, int(imgsz), select_device(device)
+
+
 class _Held(logging.Handler):
     def __init__(self) -> None:
         super().__init__()

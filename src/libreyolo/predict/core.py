@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, DataError
+from ..errors import DataError
 from .post import PostOptions
 from .results import Result
 
@@ -36,30 +36,18 @@ class Predictor:
 
     def __init__(self, source, *, imgsz: int | None = None, batch: int = 1, device: str = "", amp: bool = True,
                  amp_dtype: str = "float16", cuda_graph: bool = False, workers: int = 4):
-        from ..config import FIELDS
         from ..engine.builder import build_model
-        from ..engine.device import device_list, select_device
         from ..engine.precision import Precision
-        from ..model import inference_args
-        from ..tasks import task_for
+        from ..model import inference_setup
         from .graph import InferenceGraph
 
-        ckpt = source.checkpoint
-        self.task = task_for(source.spec, (ckpt or {}).get("task"))
-        self.names = [str(n) for n in ckpt["names"]] if ckpt is not None else [
-            f"class{i}" for i in range(self.task.default_classes)]
-        if imgsz is None:
-            trained, _ = inference_args(source, {}, ("imgsz",))
-            imgsz = int(trained.get("imgsz") or source.defaults.get("imgsz", FIELDS["imgsz"].default))
-        self.imgsz, self.batch, self.workers = int(imgsz), int(batch), int(workers)
-        if device_list(str(device).strip().lower()) is not None:
-            raise ConfigError(f"device={device}: predict runs on one device (e.g. device=0)")
-        self.device = select_device(device)
+        self.task, self.names, self.imgsz, self.device = inference_setup(source, imgsz, device, "predict")
+        self.batch, self.workers = int(batch), int(workers)
         if self.device.type == "cuda":
             # One input shape for the whole run: cuDNN times its algorithms once (the first batch,
             # or the graph's warm-up) and keeps the fastest. Process-wide, as torch makes it.
             torch.backends.cudnn.benchmark = True
-        if ckpt is None:
+        if source.checkpoint is None:
             log.warning(f"predicting with {source.arch} random weights (no checkpoint given)")
         self.precision = Precision.create(amp, amp_dtype, self.device)
         self.model = self._deploy(build_model(source, len(self.names), exact=True))
