@@ -70,17 +70,17 @@ def _parse_as(raw: str, tp: Any, quoted: bool) -> Any:
     raise ValueError(raw)
 
 
-def parse_value(key: str, raw: str) -> Any:
-    """Parse one CLI value for `key` according to its type in TrainConfig."""
-    if key not in FIELDS:
+def parse_value(key: str, raw: str, tp: Any = None) -> Any:
+    """Parse one CLI value for `key` according to its type in TrainConfig, or as `tp` for a key
+    that is not a training key (then no range check)."""
+    if tp is None and key not in FIELDS:
         raise ConfigError(unknown_key_message(key))
-    tp = key_type(key)
     text, quoted = _unquote(raw.strip())
     try:
-        value = _parse_as(text, tp, quoted)
+        value = _parse_as(text, tp or key_type(key), quoted)
     except ValueError:
-        raise ConfigError(f"bad value for '{key}': '{raw}' (allowed: {describe_type(tp)})") from None
-    return check_value(key, value)  # ranges too, so a bad value fails before any work starts
+        raise ConfigError(f"bad value for '{key}': '{raw}' (allowed: {describe_type(tp or key_type(key))})") from None
+    return value if tp is not None else check_value(key, value)  # ranges too: a bad value fails before any work
 
 
 def split_pairs(tokens: Iterable[str]) -> list[tuple[str, str]]:
@@ -130,13 +130,5 @@ def parse_overrides(tokens: Iterable[str], allowed: Iterable[str] | None = None,
             raise ConfigError(unknown_key_message(key, allowed_set))
         if key in out:
             raise ConfigError(f"key '{key}' given twice")
-        out[key] = parse_value(key, raw) if key in FIELDS or key not in types else _parse_typed(key, raw, types[key])
+        out[key] = parse_value(key, raw, None if key in FIELDS else types.get(key))
     return out
-
-
-def _parse_typed(key: str, raw: str, tp: Any) -> Any:
-    text, quoted = _unquote(raw.strip())
-    try:
-        return _parse_as(text, tp, quoted)
-    except ValueError:
-        raise ConfigError(f"bad value for '{key}': '{raw}' (allowed: {describe_type(tp)})") from None
