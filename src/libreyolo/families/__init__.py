@@ -34,6 +34,8 @@ def get_family(name: str) -> FamilySpec:
 
 from .mobilenetv4.spec import SPEC as _MOBILENETV4  # noqa: E402
 from .resnet.spec import SPEC as _RESNET  # noqa: E402
+from .rtdetr.spec import SPEC as _RTDETR  # noqa: E402
+from .rtdetr.spec import SPEC_V2 as _RTDETRV2  # noqa: E402
 from .rtmdet.spec import SPEC as _RTMDET  # noqa: E402
 from .yolo9.spec import SPEC as _YOLO9  # noqa: E402
 from .yolox.spec import SPEC as _YOLOX  # noqa: E402
@@ -43,3 +45,5 @@ register(_YOLOX)
 register(_RTMDET)
 register(_RESNET)
 register(_MOBILENETV4)
+register(_RTDETR)
+register(_RTDETRV2)

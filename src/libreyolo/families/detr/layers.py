@@ -184,10 +184,14 @@ def _per_point(ref: Tensor, points: Sequence[int]) -> Tensor:
 class DecoderLayer(nn.Module):
     """RT-DETR's decoder layer (post-norm): self-attention over the queries (dn mask applied),
     deformable cross-attention into the encoder memory, ReLU FFN; linear1/linear2 xavier-uniform
-    (rtdetrv2_decoder.py TransformerDecoderLayer; r18: 8 heads, FFN 1024, dropout 0)."""
+    (rtdetrv2_decoder.py TransformerDecoderLayer; r18: 8 heads, FFN 1024, dropout 0).
+    RT-DETR v1 (rtdetr_decoder.py) differs in two details: torch's default FFN init
+    (`xavier_ffn=False`) and a clamp of the FFN residual to the float16 range before the last
+    norm (`clamp_fp16=True`)."""
 
     def __init__(self, dim: int = 256, heads: int = 8, ffn: int = 1024, dropout: float = 0.0, levels: int = 3,
-                 points: int | Sequence[int] = 4, method: str = "default"):
+                 points: int | Sequence[int] = 4, method: str = "default", xavier_ffn: bool = True,
+                 clamp_fp16: bool = False):
         super().__init__()
         self.self_attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
         self.cross_attn = MSDeformableAttention(dim, heads, levels, points, method)
@@ -195,8 +199,10 @@ class DecoderLayer(nn.Module):
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.drop1, self.drop2, self.drop3, self.drop4 = (nn.Dropout(dropout) for _ in range(4))
         self.act = nn.ReLU()
-        init.xavier_uniform_(self.linear1.weight)
-        init.xavier_uniform_(self.linear2.weight)
+        self.clamp_fp16 = clamp_fp16
+        if xavier_ffn:
+            init.xavier_uniform_(self.linear1.weight)
+            init.xavier_uniform_(self.linear2.weight)
 
     def forward(self, x: Tensor, ref: Tensor, memory: Tensor, shapes: Sequence[tuple[int, int]],
                 attn_mask: Tensor | None = None, pos: Tensor | None = None) -> Tensor:
@@ -204,4 +210,5 @@ class DecoderLayer(nn.Module):
         x = self.norm1(x + self.drop1(self.self_attn(q, q, x, attn_mask=attn_mask, need_weights=False)[0]))
         q = x if pos is None else x + pos
         x = self.norm2(x + self.drop2(self.cross_attn(q, ref, memory, shapes)))
-        return self.norm3(x + self.drop4(self.linear2(self.drop3(self.act(self.linear1(x))))))
+        x = x + self.drop4(self.linear2(self.drop3(self.act(self.linear1(x)))))
+        return self.norm3(x.clamp(-65504.0, 65504.0) if self.clamp_fp16 else x)
