@@ -25,6 +25,11 @@ _CAPTURE = CapturePlan("encoder", note=(
     "follows the batch's largest box count (a new shape per step) and the matcher solves on "
     "the host or in a data-dependent kernel"))
 
+def _backbone(model):
+    """The sub-module trained at backbone_lr x lr0 (families/base.py FamilySpec.backbone)."""
+    return getattr(model, "module", model).backbone
+
+
 _COMMON = {
     "optimizer": "adamw",      # optimizer.yml: AdamW
     "lr0": 1e-4,               # optimizer.yml: lr 0.0001
@@ -59,7 +64,7 @@ SPEC = FamilySpec(
               # v1 optimizer.yml has no lr_warmup_scheduler: no warmup
               "warmup_epochs": 0.0},
     capture=_CAPTURE,
-    backbone=lambda model: model.backbone,
+    backbone=_backbone,
 )
 
 SPEC_V2 = FamilySpec(
@@ -78,5 +83,5 @@ SPEC_V2 = FamilySpec(
               # group: at batch 16 on COCO train2017 (117,266 images, 7,329 steps) 0.27 epochs.
               "warmup_epochs": 0.27, "warmup_bias_lr": 0.0, "warmup_momentum": 0.9},
     capture=_CAPTURE,
-    backbone=lambda model: model.backbone,
+    backbone=_backbone,
 )
