@@ -100,7 +100,11 @@ class MSDeformableAttention(nn.Module):
         self.head_dim = dim // heads
         self.offset_scale = offset_scale
         total = sum(self.points)
+        # Per point: 1 / its level's point count, and its level (buffers: no host->device copy in
+        # forward; a CPU->CUDA torch.tensor would synchronise the stream every step).
         self.register_buffer("point_scale", torch.tensor([1.0 / n for n in self.points for _ in range(n)]),
+                             persistent=False)
+        self.register_buffer("point_level", torch.tensor([lv for lv, n in enumerate(self.points) for _ in range(n)]),
                              persistent=False)
         self.sampling_offsets = nn.Linear(dim, heads * total * 2)
         self.attention_weights = nn.Linear(dim, heads * total)
@@ -136,16 +140,23 @@ class MSDeformableAttention(nn.Module):
         off = self.sampling_offsets(query).view(b, lq, self.heads, total, 2)
         attn = self.attention_weights(query).view(b, lq, self.heads, total).softmax(-1)
         if ref.shape[-1] == 4:
-            ref = _per_point(ref, self.points)  # [B, Lq, 1, 1 or total, 4]
+            ref = self._per_point(ref)  # [B, Lq, 1, 1 or total, 4]
             loc = ref[..., :2] + off * self.point_scale.to(off.dtype)[:, None] * ref[..., 2:] * self.offset_scale
-        elif ref.shape[-1] == 2:
-            wh = torch.tensor([[w, h] for h, w in shapes], dtype=off.dtype, device=off.device)
-            norm = torch.repeat_interleave(wh, torch.tensor(self.points, device=off.device), 0)
-            loc = _per_point(ref, self.points) + off / norm
+        elif ref.shape[-1] == 2:  # offsets in cells of their level: / (w, h)
+            off = torch.cat([torch.cat((o[..., :1] / w, o[..., 1:] / h), -1)
+                             for (h, w), o in zip(shapes, off.split(self.points, 3))], 3)
+            loc = self._per_point(ref) + off
         else:
             raise ValueError("reference points end in 4 (boxes) or 2 (points)")
         out = self._sample(value, shapes, loc, attn)
         return self.output_proj(out)
+
+    def _per_point(self, ref: Tensor) -> Tensor:
+        """[B, Lq, 1 or levels, k] -> [B, Lq, 1 (heads), 1 or sum(points), k]: each point gets its
+        level's ref."""
+        if ref.shape[2] == 1:
+            return ref.unsqueeze(2)
+        return ref.index_select(2, self.point_level).unsqueeze(2)
 
     def _sample(self, value: Tensor, shapes: Sequence[tuple[int, int]], loc: Tensor, attn: Tensor) -> Tensor:
         """value [B, Lv, C], loc [B, Lq, H, P, 2] in [0, 1], attn [B, Lq, H, P] -> [B, Lq, C]."""
@@ -161,24 +172,14 @@ class MSDeformableAttention(nn.Module):
                 samples.append(F.grid_sample(v_l.view(b * heads, hd, h, w), 2 * loc_l - 1, mode="bilinear",
                                              padding_mode="zeros", align_corners=False))
             else:
-                size = torch.tensor([w, h], device=loc_l.device, dtype=loc_l.dtype)
-                xy = torch.floor(loc_l * size + 0.5).long()
-                x, y = xy[..., 0].clamp(0, w - 1), xy[..., 1].clamp(0, h - 1)
+                x = torch.floor(loc_l[..., 0] * w + 0.5).long().clamp(0, w - 1)
+                y = torch.floor(loc_l[..., 1] * h + 0.5).long().clamp(0, h - 1)
                 idx = (y * w + x).reshape(b * heads, 1, -1).expand(-1, hd, -1)
                 samples.append(v_l.gather(2, idx).view(b * heads, hd, lq, -1))
         sampled = torch.cat(samples, -1)  # [B * H, hd, Lq, P]
         weights = attn.permute(0, 2, 1, 3).reshape(b * heads, 1, lq, total)
         out = (sampled * weights).sum(-1).view(b, heads * hd, lq)
         return out.transpose(1, 2)
-
-
-def _per_point(ref: Tensor, points: Sequence[int]) -> Tensor:
-    """[B, Lq, 1 or levels, k] -> [B, Lq, 1 (heads), 1 or sum(points), k]: each point gets its
-    level's ref."""
-    if ref.shape[2] == 1:
-        return ref.unsqueeze(2)
-    counts = torch.tensor(points, device=ref.device)
-    return torch.repeat_interleave(ref, counts, dim=2).unsqueeze(2)
 
 
 class DecoderLayer(nn.Module):
