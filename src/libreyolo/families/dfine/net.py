@@ -1,0 +1,217 @@
+"""D-FINE network (also DEIM's and RT-DETRv4's): HGNetv2 -> hybrid encoder -> query selection ->
+FDR decoder.
+
+Sizes (github:Peterande/D-FINE configs/dfine/dfine_hgnetv2_{n,s}_coco.yml over
+include/dfine_hgnetv2.yml; DEIM's configs/deim_dfine/ and RT-DETRv4's configs/dfine/ include the
+same files):
+  n: HGNetv2-B0, stages [2, 3] (strides 16, 32), hidden 128, encoder FFN 512, expansion 0.34,
+     depth_mult 0.5; decoder 3 layers, FFN 512, 2 levels x 6 points.
+  s: HGNetv2-B0, stages [1, 2, 3] (strides 8, 16, 32), hidden 256, FFN 1024, expansion 0.5,
+     depth_mult 0.34; decoder 3 layers, FFN 1024, 3 levels x (3, 6, 3) points.
+  Both: 8 heads, 300 queries, 100 denoising queries (label noise 0.5, box noise 1.0), reg_max
+  32, reg_scale 4, eval_idx -1 (the last layer predicts), layer_scale 1, default (bilinear)
+  cross-attention sampling, default query selection (top-300 by max class logit).
+Published size (D-FINE README, 640 px): n 4M params / 7 GFLOPs, s 10M / 25 GFLOPs.
+Measured here: see tests/unit/test_dfine_net.py.
+
+Images are fed in [0, 1] without mean/std normalisation, as upstream (ConvertPILImage scale
+True, no Normalize in the D-FINE/DEIM transforms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..common import build_model, fuse_model_
+from ..detr.boxes import cxcywh_to_xyxy
+from ..detr.denoising import contrastive_denoising
+from ..detr.layers import MLP
+from ..detr.output import DETROutput
+from .decoder import FDRDecoder, prior_logit
+from .encoder import HybridEncoder
+from .hgnetv2 import HGNetv2
+
+NUM_QUERIES = 300      # include/dfine_hgnetv2.yml DFINETransformer.num_queries
+NUM_DENOISING = 100    # num_denoising, label_noise_ratio 0.5, box_noise_scale 1.0
+LABEL_NOISE, BOX_NOISE = 0.5, 1.0
+REG_MAX, REG_SCALE = 32, 4.0
+ANCHOR_SIZE = 0.05     # _generate_anchors grid_size: level l anchors are 0.05 * 2^l wide
+ANCHOR_EPS = 0.01      # DFINETransformer eps: anchors outside (eps, 1 - eps) are masked
+
+
+@dataclass(frozen=True)
+class Arch:
+    backbone: str
+    return_idx: tuple[int, ...]
+    hidden: int
+    ffn: int
+    expansion: float
+    depth_mult: float
+    layers: int
+    points: tuple[int, ...]
+
+
+ARCHS: dict[str, Arch] = {
+    "n": Arch("B0", (2, 3), 128, 512, 0.34, 0.5, 3, (6, 6)),
+    "s": Arch("B0", (1, 2, 3), 256, 1024, 0.5, 0.34, 3, (3, 6, 3)),
+}
+
+
+class Encoder(nn.Module):
+    """The captured region: images [B, 3, H, W] in [0, 1] -> encoder maps (finest first)."""
+
+    def __init__(self, arch: Arch):
+        super().__init__()
+        self.backbone = HGNetv2(arch.backbone, arch.return_idx)
+        self.encoder = HybridEncoder(self.backbone.channels, arch.hidden, arch.ffn, arch.expansion, arch.depth_mult)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.encoder(self.backbone(images))
+
+
+def make_anchors(shapes: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logit-space anchor boxes [1, S, 4] (cell centres, 0.05 * 2^level wide) and their valid
+    mask [1, S, 1]; invalid anchors (touching the border band) are +inf as upstream."""
+    anchors = []
+    for lvl, (h, w) in enumerate(shapes):
+        gy, gx = torch.meshgrid(torch.arange(h, device=device, dtype=torch.float32),
+                                torch.arange(w, device=device, dtype=torch.float32), indexing="ij")
+        xy = torch.stack(((gx + 0.5) / w, (gy + 0.5) / h), -1).reshape(-1, 2)
+        anchors.append(torch.cat((xy, torch.full_like(xy, ANCHOR_SIZE * 2.0 ** lvl)), -1))
+    a = torch.cat(anchors)[None]
+    valid = ((a > ANCHOR_EPS) & (a < 1 - ANCHOR_EPS)).all(-1, keepdim=True)
+    logit = torch.log(a / (1 - a))
+    return torch.where(valid, logit, torch.inf), valid
+
+
+class DFINEModel(nn.Module):
+    """Training model (families/base.py, /work/notes/detr_contract.md): `capturable` is backbone
+    + hybrid encoder; `forward_train` is query selection, denoising and the decoder (eager)."""
+
+    end_to_end = True
+
+    def __init__(self, size: str, num_classes: int, act: type[nn.Module] = nn.ReLU):
+        super().__init__()
+        arch = ARCHS[size]
+        self.size, self.num_classes = size, num_classes
+        self.net = Encoder(arch)
+        self.strides = self.net.backbone.strides
+        dim = arch.hidden
+        self.enc_output = nn.Sequential(nn.Linear(dim, dim), nn.LayerNorm(dim))
+        nn.init.xavier_uniform_(self.enc_output[0].weight)
+        self.enc_score = nn.Linear(dim, num_classes)
+        nn.init.constant_(self.enc_score.bias, prior_logit(0.01))
+        self.enc_bbox = MLP(dim, dim, 4, 3, act=act)
+        nn.init.zeros_(self.enc_bbox.layers[-1].weight)
+        nn.init.zeros_(self.enc_bbox.layers[-1].bias)
+        # class num_classes is the padding row: the label of padded dn slots
+        self.dn_embed = nn.Embedding(num_classes + 1, dim, padding_idx=num_classes)
+        nn.init.normal_(self.dn_embed.weight[:-1])
+        self.decoder = FDRDecoder(dim, 8, arch.ffn, arch.layers, arch.points, num_classes, act, REG_MAX, REG_SCALE)
+        self._anchors: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def capturable(self) -> nn.Module:
+        return self.net
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.net.backbone
+
+    def forward(self, images: torch.Tensor, targets=None):
+        if self.training:
+            return self.forward_train(self.net(images), targets)
+        return self.predict(images)
+
+    def _anchors_for(self, shapes: list[tuple[int, int]], device: torch.device):
+        key = (tuple(shapes), device)
+        if key not in self._anchors:
+            self._anchors[key] = make_anchors(shapes, device)
+        return self._anchors[key]
+
+    def _select(self, feats: tuple[torch.Tensor, ...]):
+        """Flattened memory, level shapes, and the top-k encoder proposals (query selection)."""
+        shapes = [(int(f.shape[-2]), int(f.shape[-1])) for f in feats]
+        memory = torch.cat([f.flatten(2) for f in feats], 2).transpose(1, 2)  # [B, S, C]
+        anchors, valid = self._anchors_for(shapes, memory.device)
+        out_memory = self.enc_output(valid.to(memory.dtype) * memory)
+        enc_logits = self.enc_score(out_memory)
+        k = min(NUM_QUERIES, memory.shape[1])  # a small input has fewer cells than queries
+        idx = enc_logits.max(-1).values.topk(k, 1).indices
+        top_memory = out_memory.gather(1, idx[..., None].expand(-1, -1, out_memory.shape[-1]))
+        top_logits = enc_logits.gather(1, idx[..., None].expand(-1, -1, enc_logits.shape[-1]))
+        top_anchors = anchors.expand(memory.shape[0], -1, -1).gather(1, idx[..., None].expand(-1, -1, 4))
+        ref_logit = self.enc_bbox(top_memory) + top_anchors
+        return memory, shapes, top_memory, top_logits, ref_logit
+
+    def forward_train(self, captured: tuple[torch.Tensor, ...], targets=None) -> DETROutput:
+        memory, shapes, top_memory, top_logits, ref_logit = self._select(captured)
+        b, q, c = top_memory.shape
+        content, ref = top_memory.detach(), ref_logit.detach()
+        dn = None
+        if self.training and targets is not None:
+            stride = self.strides[0]
+            size_hw = (shapes[0][0] * stride, shapes[0][1] * stride)
+            dn = contrastive_denoising(targets, size_hw, q, self.dn_embed, self.num_classes,
+                                       NUM_DENOISING, LABEL_NOISE, BOX_NOISE)
+        if dn is not None:
+            content, ref = torch.cat((dn.content, content), 1), torch.cat((dn.ref_logit, ref), 1)
+        out = self.decoder(content, ref, memory, shapes, None if dn is None else dn.mask)
+        d = 0 if dn is None else dn.content.shape[1]
+
+        def split(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return t.narrow(dim, 0, d), t.narrow(dim, d, t.shape[dim] - d)
+
+        dn_logits, logits = split(out["logits"], 2)
+        dn_boxes, boxes = split(out["boxes"], 2)
+        dn_corners, corners = split(out["corners"], 2)
+        dn_refs, refs = split(out["refs"], 2)
+        dn_pre_logits, pre_logits = split(out["pre_logits"], 1)
+        dn_pre_boxes, pre_boxes = split(out["pre_boxes"], 1)
+        dev = memory.device
+        return DETROutput(
+            logits=logits, boxes=boxes,
+            enc_logits=top_logits.unsqueeze(1), enc_boxes=ref_logit.sigmoid().unsqueeze(1),
+            dn_logits=dn_logits, dn_boxes=dn_boxes,
+            dn_target=dn.target if dn is not None else torch.full((b, 0), -1, dtype=torch.long, device=dev),
+            dn_groups=dn.groups if dn is not None else torch.zeros(b, device=dev),
+            extra={"corners": corners, "refs": refs, "pre_logits": pre_logits, "pre_boxes": pre_boxes,
+                   "dn_corners": dn_corners, "dn_refs": dn_refs,
+                   "dn_pre_logits": dn_pre_logits, "dn_pre_boxes": dn_pre_boxes},
+        )
+
+    def predict(self, images: torch.Tensor) -> torch.Tensor:
+        """[B, Q, 4 + C]: xyxy boxes in input pixels, then per-class sigmoid scores (last layer)."""
+        feats = self.net(images)
+        memory, shapes, top_memory, _, ref_logit = self._select(feats)
+        out = self.decoder(top_memory.detach(), ref_logit.detach(), memory, shapes, None, last_only=True)
+        h, w = images.shape[-2:]
+        with torch.autocast(images.device.type, enabled=False):
+            scale = torch.tensor([w, h, w, h], dtype=torch.float32, device=images.device)
+            boxes = cxcywh_to_xyxy(out["boxes"][:, -1].float()) * scale
+            return torch.cat((boxes, out["logits"][:, -1].float().sigmoid()), -1)
+
+    def fuse(self) -> DFINEModel:
+        """Deploy form, in place: BN folded into convs, RepVGG branches merged (eval mode)."""
+        fuse_model_(self.eval().net)
+        return self
+
+
+class DEIMModel(DFINEModel):
+    """DEIM's network: D-FINE's with SiLU in the decoder's FFNs, LQE and box/position MLPs
+    (github:ShihuaHuang95/DEIM configs/base/deim.yml `activation: silu`, `mlp_act: silu`)."""
+
+    def __init__(self, size: str, num_classes: int):
+        super().__init__(size, num_classes, nn.SiLU)
+
+
+def build(size: str, num_classes: int) -> DFINEModel:
+    return build_model(DFINEModel, "D-FINE", ARCHS, size, num_classes)
+
+
+def build_deim(size: str, num_classes: int) -> DEIMModel:
+    return build_model(DEIMModel, "DEIM", ARCHS, size, num_classes)
