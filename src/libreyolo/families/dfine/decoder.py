@@ -107,12 +107,21 @@ class LQE(nn.Module):
         return logits + self.mlp(stat)
 
 
+class DeformableSampling(MSDeformableAttention):
+    """The core's deformable attention without value and output projections: D-FINE samples
+    the encoder memory directly (its MSDeformableAttention has no value_proj/output_proj)."""
+
+    def __init__(self, dim: int, heads: int, levels: int, points: tuple[int, ...]):
+        super().__init__(dim, heads, levels, points)
+        self.value_proj = self.output_proj = nn.Identity()
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, dim: int, heads: int, ffn: int, points: tuple[int, ...], act: type[nn.Module]):
         super().__init__()
         self.self_attn = nn.MultiheadAttention(dim, heads, batch_first=True)
         self.norm1 = nn.LayerNorm(dim)
-        self.cross_attn = MSDeformableAttention(dim, heads, points, projections=False)
+        self.cross_attn = DeformableSampling(dim, heads, len(points), points)
         self.gate = Gate(dim)
         self.linear1, self.linear2 = nn.Linear(dim, ffn), nn.Linear(ffn, dim)
         nn.init.xavier_uniform_(self.linear1.weight)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..detr.layers import AIFI
+from ..detr.layers import EncoderLayer, sincos_pos_embed_2d
 from .blocks import ConvNorm, RepConv
 
 
@@ -68,7 +68,7 @@ class HybridEncoder(nn.Module):
         levels = len(channels)
         c4, n = round(expansion * hidden // 2), round(3 * depth_mult)
         self.input_proj = nn.ModuleList(ConvNorm(c, hidden) for c in channels)
-        self.aifi = AIFI(hidden, heads, ffn)
+        self.aifi = EncoderLayer(hidden, heads, ffn)  # AIFI: one layer (num_encoder_layers 1)
         self.lateral = nn.ModuleList(ConvNorm(hidden, hidden) for _ in range(levels - 1))
         self.fpn = nn.ModuleList(RepNCSPELAN4(2 * hidden, hidden, 2 * hidden, c4, n) for _ in range(levels - 1))
         self.down = nn.ModuleList(nn.Sequential(ConvNorm(hidden, hidden), ConvNorm(hidden, hidden, 3, 2, g=hidden))
@@ -77,7 +77,10 @@ class HybridEncoder(nn.Module):
 
     def forward(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         x = [proj(f) for proj, f in zip(self.input_proj, feats)]
-        x[-1] = self.aifi(x[-1])
+        b, c, h, w = x[-1].shape
+        tokens = x[-1].flatten(2).transpose(1, 2)
+        pos = sincos_pos_embed_2d(h, w, c, device=tokens.device, dtype=tokens.dtype)
+        x[-1] = self.aifi(tokens, pos).transpose(1, 2).reshape(b, c, h, w)
         # top-down: inner[0] is the finest so far; the lateral conv also replaces the coarse map
         inner = [x[-1]]
         for j, i in enumerate(range(len(x) - 1, 0, -1)):

@@ -27,10 +27,11 @@ import torch
 from torch import nn
 
 from ..common import build_model, fuse_model_
-from ..detr.boxes import cxcywh_to_xyxy
-from ..detr.denoising import contrastive_denoising
+from ..detr.boxes import xyxy_to_cxcywh
+from ..detr.denoise import denoising_group
 from ..detr.layers import MLP
-from ..detr.output import DETROutput
+from ..detr.output import INPUT_WH, DETROutput, input_wh
+from ..detr.topk import decode
 from .decoder import FDRDecoder, prior_logit
 from .encoder import HybridEncoder
 from .hgnetv2 import HGNetv2
@@ -150,50 +151,46 @@ class DFINEModel(nn.Module):
 
     def forward_train(self, captured: tuple[torch.Tensor, ...], targets=None) -> DETROutput:
         memory, shapes, top_memory, top_logits, ref_logit = self._select(captured)
-        b, q, c = top_memory.shape
+        b, q, _ = top_memory.shape
+        h, w = shapes[0][0] * self.strides[0], shapes[0][1] * self.strides[0]
+        wh = input_wh(b, h, w, memory.device)
         content, ref = top_memory.detach(), ref_logit.detach()
         dn = None
         if self.training and targets is not None:
-            stride = self.strides[0]
-            size_hw = (shapes[0][0] * stride, shapes[0][1] * stride)
-            dn = contrastive_denoising(targets, size_hw, q, self.dn_embed, self.num_classes,
-                                       NUM_DENOISING, LABEL_NOISE, BOX_NOISE)
+            scale = wh.repeat(1, 2).unsqueeze(1)
+            dn = denoising_group(targets.labels, xyxy_to_cxcywh(targets.boxes.float() / scale), targets.valid,
+                                 self.num_classes, q, self.dn_embed, NUM_DENOISING, LABEL_NOISE, BOX_NOISE)
         if dn is not None:
-            content, ref = torch.cat((dn.content, content), 1), torch.cat((dn.ref_logit, ref), 1)
-        out = self.decoder(content, ref, memory, shapes, None if dn is None else dn.mask)
-        d = 0 if dn is None else dn.content.shape[1]
+            content = torch.cat((dn.queries.to(content.dtype), content), 1)
+            ref = torch.cat((dn.boxes_unact.to(ref.dtype), ref), 1)
+        out = self.decoder(content, ref, memory, shapes, None if dn is None else dn.attn_mask)
+        d = 0 if dn is None else dn.num_queries
 
-        def split(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        def split(key: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+            t = out[key]
             return t.narrow(dim, 0, d), t.narrow(dim, d, t.shape[dim] - d)
 
-        dn_logits, logits = split(out["logits"], 2)
-        dn_boxes, boxes = split(out["boxes"], 2)
-        dn_corners, corners = split(out["corners"], 2)
-        dn_refs, refs = split(out["refs"], 2)
-        dn_pre_logits, pre_logits = split(out["pre_logits"], 1)
-        dn_pre_boxes, pre_boxes = split(out["pre_boxes"], 1)
+        (dn_logits, logits), (dn_boxes, boxes) = split("logits", 2), split("boxes", 2)
+        (dn_corners, corners), (dn_refs, refs) = split("corners", 2), split("refs", 2)
+        (dn_pre_logits, pre_logits), (dn_pre_boxes, pre_boxes) = split("pre_logits", 1), split("pre_boxes", 1)
         dev = memory.device
         return DETROutput(
             logits=logits, boxes=boxes,
             enc_logits=top_logits.unsqueeze(1), enc_boxes=ref_logit.sigmoid().unsqueeze(1),
             dn_logits=dn_logits, dn_boxes=dn_boxes,
             dn_target=dn.target if dn is not None else torch.full((b, 0), -1, dtype=torch.long, device=dev),
-            dn_groups=dn.groups if dn is not None else torch.zeros(b, device=dev),
-            extra={"corners": corners, "refs": refs, "pre_logits": pre_logits, "pre_boxes": pre_boxes,
-                   "dn_corners": dn_corners, "dn_refs": dn_refs,
+            dn_groups=dn.groups if dn is not None else torch.ones(b, device=dev),
+            extra={INPUT_WH: wh, "corners": corners, "refs": refs, "pre_logits": pre_logits,
+                   "pre_boxes": pre_boxes, "dn_corners": dn_corners, "dn_refs": dn_refs,
                    "dn_pre_logits": dn_pre_logits, "dn_pre_boxes": dn_pre_boxes},
         )
 
     def predict(self, images: torch.Tensor) -> torch.Tensor:
         """[B, Q, 4 + C]: xyxy boxes in input pixels, then per-class sigmoid scores (last layer)."""
-        feats = self.net(images)
-        memory, shapes, top_memory, _, ref_logit = self._select(feats)
-        out = self.decoder(top_memory.detach(), ref_logit.detach(), memory, shapes, None, last_only=True)
-        h, w = images.shape[-2:]
+        memory, shapes, top_memory, _, ref_logit = self._select(self.net(images))
+        out = self.decoder(top_memory, ref_logit, memory, shapes, None, last_only=True)
         with torch.autocast(images.device.type, enabled=False):
-            scale = torch.tensor([w, h, w, h], dtype=torch.float32, device=images.device)
-            boxes = cxcywh_to_xyxy(out["boxes"][:, -1].float()) * scale
-            return torch.cat((boxes, out["logits"][:, -1].float().sigmoid()), -1)
+            return decode(out["logits"][:, -1], out["boxes"][:, -1], tuple(images.shape[-2:]))
 
     def fuse(self) -> DFINEModel:
         """Deploy form, in place: BN folded into convs, RepVGG branches merged (eval mode)."""
