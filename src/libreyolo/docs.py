@@ -66,7 +66,10 @@ def model_defaults_markdown() -> str:
             "`libreyolo cfg model=NAME` prints every value one model trains with and where it comes from.",
             "", "| family | sizes | defaults |", "|---|---|---|"]
     for spec in REGISTRY.values():
-        rows.append(f"| {spec.display} | all | {keys(spec.defaults) or '-'} |")
+        own = keys(spec.defaults) or "-"
+        if spec.inherits:  # by inheritance, not by copy: the parent's row holds those values
+            own = f"{REGISTRY[spec.inherits].display}'s, then {own}" if spec.defaults else f"{REGISTRY[spec.inherits].display}'s"
+        rows.append(f"| {spec.display} | all | {own} |")
         rows += [f"| {spec.display} | {size} | {keys(values)} |" for size, values in spec.size_defaults.items()]
     return "\n".join(rows) + "\n"
 

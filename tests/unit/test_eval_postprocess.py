@@ -81,3 +81,18 @@ def test_multi_label_caps_candidates_by_score(monkeypatch):
     preds[0, :, 4:] += 0.01  # every (box, class) pair passes conf: 6 candidates
     (out,) = postprocess(preds, conf=0.001, multi_label=True)
     assert out.shape == (2, 6) and out[:, 4].tolist() == [pytest.approx(0.91), pytest.approx(0.81)]
+
+
+def test_end_to_end_models_take_the_top_k_query_class_scores_without_nms():
+    # Two queries on the same box: NMS would drop one; an end-to-end model keeps both, and a
+    # query with two good classes gives two detections.
+    boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [0.0, 0.0, 10.0, 10.0], [20.0, 20.0, 30.0, 30.0]])
+    scores = torch.tensor([[0.9, 0.1], [0.8, 0.7], [0.05, 0.02]])
+    preds = torch.cat([boxes, scores], 1)[None]
+    dets = postprocess(preds, conf=0.25, max_det=300, nms=False)[0]
+    assert dets[:, 4].tolist() == pytest.approx([0.9, 0.8, 0.7]) and dets[:, 5].tolist() == [0, 0, 1]
+    assert torch.equal(dets[2, :4], boxes[1])
+    top = postprocess(preds, conf=0.0, max_det=2, nms=False)[0]
+    assert top[:, 4].tolist() == pytest.approx([0.9, 0.8])
+    empty = postprocess(torch.cat([preds, preds * 0], 0).half(), conf=0.25, nms=False)
+    assert len(empty[0]) == 3 and empty[1].shape == (0, 6) and empty[1].dtype == torch.float32

@@ -306,3 +306,24 @@ def test_capture_support_matrix_says_why_a_family_trains_eager(monkeypatch):
     assert capture_support_markdown().splitlines()[2:] == [
         "| RT-DETR | detect | eager | eager | eager | dynamic query count \\| per image |",
         "| RT-DETR | segment | eager | eager | eager | dynamic query count \\| per image |"]
+
+
+def test_a_family_inherits_its_parents_recipe_and_names_where_each_value_comes_from(monkeypatch):
+    import dataclasses
+
+    from libreyolo import families
+
+    base = REGISTRY["yolox"]
+    grand = dataclasses.replace(base, name="grand", aliases=(), defaults={"lr0": 0.5, "amp": False, "mixup": 0.3})
+    parent = dataclasses.replace(base, name="parent", aliases=(), inherits="grand", defaults={"lr0": 0.2, "clip_grad": 0.1})
+    child = dataclasses.replace(base, name="child", aliases=(), inherits="parent", defaults={"mixup": 0.0},
+                                size_defaults={"s": {"clip_grad": 1.0}})
+    monkeypatch.setattr(families, "REGISTRY", {"grand": grand, "parent": parent, "child": child})
+    got = child.default_sources("s")
+    assert got["amp"] == (False, "grand") and got["lr0"] == (0.2, "parent") and got["mixup"] == (0.0, "child")
+    assert got["clip_grad"] == (1.0, "child-s") and got["task"] == ("detect", "child")
+    assert child.defaults_for("t")["clip_grad"] == 0.1
+    loop = dataclasses.replace(grand, inherits="child")
+    monkeypatch.setattr(families, "REGISTRY", {"grand": loop, "parent": parent, "child": child})
+    with pytest.raises(ValueError, match="inherits from itself"):
+        child.default_sources("s")

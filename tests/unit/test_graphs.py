@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from libreyolo.engine import graphs
-from libreyolo.engine.graphs import CapturedShape, GraphManager, input_key
+from libreyolo.engine.graphs import CAPTURE_AFTER, CapturedShape, GraphManager, input_key
 from libreyolo.families.base import CapturePlan
 
 
@@ -509,3 +509,12 @@ def test_real_capture_failure_restores_stream_gc_and_buffers(stub_cuda):
 def test_capturable_must_return_a_tuple(stub_cuda):
     with pytest.raises(TypeError, match="tuple of tensors"):
         graphs.CudaGraphBackend().capture(nn.Conv2d(3, 2, 1), images(), contextlib.nullcontext, lambda *a: None)
+
+
+def test_multi_scale_meets_graphs_with_one_line(libreyolo_log):
+    manager = GraphManager.for_run(MODEL, SimpleNamespace(cuda_graph=True, multi_scale=True), FAMILY, CUDA,
+                                   PRECISION, backend=FakeBackend())
+    assert manager.enabled
+    [line] = lines(libreyolo_log)
+    assert line.startswith("cuda_graph=true with multi_scale=true:") and "multi_scale=false" in line
+    assert f"fewer than {CAPTURE_AFTER} times" in line

@@ -207,3 +207,22 @@ def test_flat_optimizer_state_round_trips():
     for a, b in zip(opt.param_groups, opt2.param_groups):
         assert torch.equal(opt.state[a["params"][0]]["momentum_buffer"], opt2.state[b["params"][0]]["momentum_buffer"])
         assert torch.equal(a["params"][0], b["params"][0])
+
+
+def test_backbone_groups_take_backbone_lr_and_keep_the_decay_split():
+    model = tiny_model()
+    backbone = model[:3]  # conv + norm: its weight, norm weight and norm bias train slower
+    opt = build_optimizer(model, cfg(backbone_lr=0.1), device_type="cpu", backbone=backbone)
+    names = [g["name"] for g in opt.param_groups]
+    # the only norm is in the backbone, so the model's own "norm" group is empty and left out
+    assert names == ["weights", "backbone.weights", "backbone.norm", "bias", "backbone.bias"]
+    scales = {g["name"]: g["lr_scale"] for g in opt.param_groups}
+    assert scales == {"weights": 1.0, "bias": 1.0, "backbone.weights": 0.1, "backbone.norm": 0.1,
+                      "backbone.bias": 0.1}
+    decay = {g["name"]: g["weight_decay"] for g in opt.param_groups}
+    assert decay["backbone.weights"] == decay["weights"] > 0 and decay["backbone.norm"] == decay["backbone.bias"] == 0
+    sizes = {g["name"]: g["params"][0].numel() for g in opt.param_groups}
+    assert sizes["backbone.weights"] >= model[0].weight.numel() and sizes["weights"] >= model[3].weight.numel()
+    # backbone_lr 1 (or no backbone) keeps the three plain groups
+    same = build_optimizer(tiny_model(), cfg(backbone_lr=1.0), device_type="cpu", backbone=backbone)
+    assert [g["name"] for g in same.param_groups] == ["weights", "norm", "bias"]

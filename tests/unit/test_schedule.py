@@ -145,3 +145,28 @@ def test_step_schedule_is_three_equal_stages():
 def test_bad_schedule_name_is_a_config_error():
     with pytest.raises(ConfigError):
         make(cfg(lr_schedule="exponential"))
+
+
+def test_backbone_groups_follow_the_schedule_scaled():
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4))
+    c = cfg(backbone_lr=0.5)
+    opt = build_optimizer(model, c, device_type="cpu", backbone=model[:2])
+    sched = LRSchedule(opt, c, 50, 4)
+    sched.step(0)  # warmup start: the bias groups from warmup_bias_lr (scaled), the others from 0
+    assert lrs(opt) == {"weights": 0.0, "backbone.weights": 0.0, "norm": 0.0, "backbone.norm": 0.0,
+                        "bias": pytest.approx(0.1), "backbone.bias": pytest.approx(0.05)}
+    sched.step(400)  # epoch 8, past the warmup
+    got = lrs(opt)
+    for name in ("weights", "norm", "bias"):
+        assert got["backbone." + name] == pytest.approx(0.5 * got[name]) and got[name] == pytest.approx(sched.epoch_lr(8))
+
+
+def test_flat_cosine_holds_lr0_then_falls_along_the_cosine():
+    _, sched = make(cfg(lr_schedule="flat_cosine", lr_flat=0.4, epochs=10, lrf=0.1))
+    assert [sched.epoch_lr(e) for e in range(5)] == pytest.approx([0.01] * 5)  # epochs 0-4: e/10 <= 0.4
+    # after the flat part the cosine runs over the remaining 60 %: epoch 7 is halfway
+    assert sched.epoch_lr(7) == pytest.approx(0.01 * (1 + 0.1) / 2)
+    assert sched.epoch_lr(9) < sched.epoch_lr(8) < sched.epoch_lr(7)
+    _, whole = make(cfg(lr_schedule="flat_cosine", lr_flat=0.0, epochs=10, lrf=0.1))
+    _, cosine = make(cfg(lr_schedule="cosine", epochs=10, lrf=0.1))
+    assert [whole.epoch_lr(e) for e in range(10)] == pytest.approx([cosine.epoch_lr(e) for e in range(10)])

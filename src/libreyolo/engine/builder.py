@@ -75,7 +75,8 @@ def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, d
     graphs = GraphManager.for_run(model, cfg, family, device, precision)
     # The optimizer holds one flat tensor per parameter group (optim.flatten): clipping reads
     # those few gradients, not one per parameter.
-    optimizer = build_optimizer(model, cfg, device_type=device.type)
+    optimizer = build_optimizer(model, cfg, device_type=device.type,
+                                backbone=family.backbone(model) if family.backbone is not None else None)
     return StepContext(model=model, capturable=graphs.step_callable, criterion=family.criterion(model, cfg),
                        optimizer=optimizer, precision=precision,
                        params=[p for group in optimizer.param_groups for p in group["params"]],

@@ -130,6 +130,10 @@ class GraphManager:
         if reason is not None:
             log.info(f"cuda_graph=True ignored: {reason}; training eager")
             return cls.off(module, reason)
+        if getattr(cfg, "multi_scale", False):
+            log.info(f"cuda_graph=true with multi_scale=true: a batch of a size seen fewer than {CAPTURE_AFTER} "
+                     f"times runs eager and only {MAX_GRAPHS} size is captured, so a short run may never "
+                     "capture; multi_scale=false trains every step graphed")
         return cls(module, autocast=precision.autocast, backend=backend)
 
     @classmethod

@@ -4,7 +4,9 @@ Groups, in this order, each with a `name` key (the LR schedule finds the bias gr
   0 "weights": conv/linear weights (ndim >= 2, not in a norm layer), weight decay on;
   1 "norm":    norm-layer weights and any other non-bias parameter with ndim < 2, no decay;
   2 "bias":    every parameter called `bias`, no decay, own group so warmup can give it its own LR.
-Empty groups are left out. Each group holds one flat tensor of which its parameters and their
+With a `backbone` module and `backbone_lr != 1` the backbone's parameters form three more groups,
+"backbone.weights", "backbone.norm" and "backbone.bias", with `lr_scale = backbone_lr` (the LR
+schedule multiplies by it). Empty groups are left out. Each group holds one flat tensor of which its parameters and their
 gradients are views (`flatten`), so the optimizer, unscaling, clipping and zeroing launch per
 group, not per parameter. Build the optimizer after the model is on its device and in its memory
 format: moving the model afterwards would detach the parameters from the flat tensors.
@@ -74,7 +76,8 @@ def param_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
     return groups
 
 
-def build_optimizer(model: nn.Module, cfg: Any, *, device_type: str) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: Any, *, device_type: str,
+                    backbone: nn.Module | None = None) -> torch.optim.Optimizer:
     """SGD or AdamW from `cfg` (optimizer, lr0, momentum, weight_decay, batch, nbs).
 
     Weight decay is scaled by `batch * accumulate / nbs`, so it stays the same per image whatever
@@ -87,11 +90,15 @@ def build_optimizer(model: nn.Module, cfg: Any, *, device_type: str) -> torch.op
             f"optimizer={cfg.optimizer!r} is not supported; use one of {', '.join(OPTIMIZERS)}"
         )
     decay = cfg.weight_decay * cfg.batch * accumulate_steps(cfg.batch, cfg.nbs) / cfg.nbs
-    groups = [
-        {"name": group, "params": [flatten(params)], "weight_decay": decay if group == "weights" else 0.0}
-        for group, params in param_groups(model).items()
-        if params
-    ]
+    scale = float(getattr(cfg, "backbone_lr", 1.0))
+    slow = {id(p) for p in backbone.parameters()} if backbone is not None and scale != 1.0 else set()
+    groups = []
+    for group, params in param_groups(model).items():  # the model's own groups first: [0] is "weights"
+        for prefix, lr_scale, members in (("", 1.0, [p for p in params if id(p) not in slow]),
+                                          ("backbone.", scale, [p for p in params if id(p) in slow])):
+            if members:
+                groups.append({"name": prefix + group, "params": [flatten(members)], "lr_scale": lr_scale,
+                               "weight_decay": decay if group == "weights" else 0.0})
     if not groups:
         raise ConfigError("the model has no trainable parameters")
     if name == "sgd":

@@ -5,7 +5,8 @@ steps), so a run resumed at epoch k recomputes exactly the values it would have 
 holds no state that matters beyond the configuration. All values are host-side Python floats.
 
 - Decay: epoch e trains at lr0 * f(e / epochs), f falling from 1 to `lrf` along a straight line
-  or a half cosine (`lr_schedule`), constant within an epoch; or `step`: three equal stages at lr0,
+  or a half cosine (`lr_schedule`), constant within an epoch; `flat_cosine` holds lr0 for the
+  first `lr_flat` of the epochs and then falls along the half cosine (DEIM's FlatCosine); or `step`: three equal stages at lr0,
   lr0 * sqrt(lrf) and lr0 * lrf (with lrf 0.01, torchvision's ResNet recipe: x0.1 at epochs 30 and
   60 of 90). The run ends where lr0 * lrf would
   begin: the last epoch still trains at lr0 * f((E - 1) / E), as the YOLOv5-8 trainers do. (Ending
@@ -28,7 +29,7 @@ import torch
 
 from libreyolo.errors import ConfigError
 
-SCHEDULES = ("cosine", "linear", "step")
+SCHEDULES = ("cosine", "linear", "step", "flat_cosine")
 MIN_WARMUP_BATCHES = 100  # a short run still gets a usable warmup
 
 
@@ -42,7 +43,8 @@ class LRSchedule:
     `iteration` = `epoch * steps_per_epoch + batch_index`, the global batch index: call it before
     each optimizer step with the index of the batch that completes it (calling it every batch is
     harmless: the values depend on the index only). Groups are told apart by their `name` key
-    (`engine/optim.py`); a group named "bias" gets the bias warmup.
+    (`engine/optim.py`): one whose name ends in "bias" gets the bias warmup; a group's `lr_scale`
+    (the backbone's `backbone_lr`) multiplies everything it is given.
     """
 
     def __init__(
@@ -59,12 +61,14 @@ class LRSchedule:
         self.accumulate = max(int(accumulate), 1)
         self.lr0, self.lrf, self.epochs = float(cfg.lr0), float(cfg.lrf), int(cfg.epochs)
         self.kind = cfg.lr_schedule
+        self.flat = float(getattr(cfg, "lr_flat", 0.5))
         self.momentum, self.warmup_momentum = float(cfg.momentum), float(cfg.warmup_momentum)
         self.warmup_bias_lr = float(cfg.warmup_bias_lr)
         warm = max(round(cfg.warmup_epochs * self.steps_per_epoch), MIN_WARMUP_BATCHES)
         last_epoch_start = (self.epochs - 1) * self.steps_per_epoch
         self.warmup_batches = min(warm, last_epoch_start) if cfg.warmup_epochs > 0 else 0
-        self.is_bias = [g.get("name") == "bias" for g in optimizer.param_groups]
+        self.is_bias = [g.get("name", "").endswith("bias") for g in optimizer.param_groups]
+        self.scales = [float(g.get("lr_scale", 1.0)) for g in optimizer.param_groups]
         self.last_iteration = -1
 
     def epoch_lr(self, epoch: int) -> float:
@@ -72,7 +76,9 @@ class LRSchedule:
         progress = min(max(epoch / self.epochs, 0.0), 1.0)
         if self.kind == "step":
             return self.lr0 * self.lrf ** (min(int(3 * progress), 2) / 2)
-        if self.kind == "cosine":
+        if self.kind == "flat_cosine":  # DEIM's FlatCosine: lr0 until lr_flat, then the cosine
+            progress = max(progress - self.flat, 0.0) / (1.0 - self.flat) if self.flat < 1.0 else 0.0
+        if self.kind in ("cosine", "flat_cosine"):
             progress = (1.0 - math.cos(math.pi * progress)) / 2.0
         return self.lr0 * (1.0 + (self.lrf - 1.0) * progress)
 
@@ -81,10 +87,10 @@ class LRSchedule:
         target = self.epoch_lr(epoch)
         i = self._global(epoch, batch_index)
         if i >= self.warmup_batches:
-            return [target] * len(self.is_bias)
+            return [target * scale for scale in self.scales]
         return [
-            _interp(i, self.warmup_batches, self.warmup_bias_lr if bias else 0.0, target)
-            for bias in self.is_bias
+            _interp(i, self.warmup_batches, self.warmup_bias_lr * scale if bias else 0.0, target * scale)
+            for bias, scale in zip(self.is_bias, self.scales)
         ]
 
     def momentum_at(self, epoch: int, batch_index: int) -> float:

@@ -53,6 +53,7 @@ def evaluate(
     preprocess = preprocess or _default_preprocess
     use_amp = amp_dtype is not None and device.type == "cuda"
     collector = _Collector()
+    nms = not getattr(model, "end_to_end", False)  # DETRs: top-k over queries, no NMS
     was_training = model.training
     model.eval()
     try:
@@ -61,7 +62,8 @@ def evaluate(
                 images = preprocess(batch.images.to(device, non_blocking=True))
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
                     preds = model.predict(images)
-                collector.add(batch, postprocess(preds, conf=conf, iou=iou, max_det=max_det, multi_label=True))
+                collector.add(batch, postprocess(preds, conf=conf, iou=iou, max_det=max_det, multi_label=True,
+                                                     nms=nms))
     finally:
         model.train(was_training)
     evaluator = coco_evaluator(collector.gt, collector.dets, collector.sizes, names, verbose)

@@ -12,6 +12,8 @@ Training model contract (an `nn.Module` returned by `FamilySpec.build`):
   (`tasks/<task>.py`, `TaskSpec.predicts`; detection: [B, N, 4 + num_classes], boxes xyxy in input
   pixels then per-class scores in [0, 1]); used by validation.
 - `model.num_classes` (and `model.strides` for the detectors).
+- optionally `model.end_to_end = True`: `predict` already holds one prediction per object (DETR's
+  queries), so validation and predict take the top-k (query, class) scores instead of NMS.
 - optionally `model.set_epoch(epoch, cfg) -> reason | None`: an epoch-dependent change of what
   the captured region computes (YOLOX's L1 term); a reason re-arms the CUDA graphs.
 The criterion: `loss, loss_items = criterion(preds, targets)` where `loss` is a scalar already
@@ -75,17 +77,31 @@ class FamilySpec:
     joiner: str = "-"                           # between name and size in the arch name: yolo9-t, resnet18
     # Where a size's published recipe differs from the family's: {"t": {"mixup": 0.0}}.
     size_defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Another family whose recipe this one starts from (RT-DETRv4 trains DEIM's): its defaults
+    # come first, then this family's own, then the size's. A registry name, resolved when asked.
+    inherits: str = ""
+    # The sub-module that trains at `backbone_lr x lr0` (DETR recipes give the backbone a lower
+    # learning rate); None: one learning rate for the whole model.
+    backbone: Callable[[nn.Module], nn.Module] | None = None
 
     def defaults_for(self, size: str) -> dict[str, Any]:
         """The config overrides a model of this size trains with: family defaults < size defaults."""
         return {key: value for key, (value, _) in self.default_sources(size).items()}
 
     def default_sources(self, size: str) -> dict[str, tuple[Any, str]]:
-        """`defaults_for(size)` with where each value comes from: the family ('yolox') or the
-        size ('yolox-t')."""
-        from . import arch_name  # the registry module imports this one
+        """`defaults_for(size)` with where each value comes from: the family ('yolox'), the family
+        it inherits from ('deim' for 'rtdetrv4') or the size ('yolox-t')."""
+        from . import arch_name, get_family  # the registry module imports this one
 
         sources = {"task": (self.tasks[0], self.name)}  # a model trains its family's first task unless told
+        parents, spec = [], self
+        while spec.inherits:
+            spec = get_family(spec.inherits)
+            if spec in parents or spec is self:
+                raise ValueError(f"family {self.name} inherits from itself through {spec.name}")
+            parents.append(spec)
+        for parent in reversed(parents):  # the furthest ancestor first, the nearest overrides it
+            sources.update({key: (value, parent.name) for key, value in parent.defaults.items()})
         sources.update({key: (value, self.name) for key, value in self.defaults.items()})
         sources.update({key: (value, arch_name(self, size)) for key, value in self.size_defaults.get(size, {}).items()})
         return sources

@@ -14,6 +14,7 @@ that predicts frame by frame with the same settings builds the model once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections import deque
@@ -51,6 +52,7 @@ class Predictor:
             log.warning(f"predicting with {source.arch} random weights (no checkpoint given)")
         self.precision = Precision.create(amp, amp_dtype, self.device)
         self.model = self._deploy(build_model(source, len(self.names), exact=True))
+        self.end_to_end = bool(getattr(self.model, "end_to_end", False))  # top-k, no NMS (DETRs)
         self.arch = source.arch
         self._staging: Tensor | None = None  # pinned host buffer the batches are uploaded from
         self._uploaded: torch.cuda.Event | None = None
@@ -121,6 +123,8 @@ class Predictor:
     def run(self, frames: Iterable, opts: PostOptions) -> Iterator[tuple[Any, Result]]:
         """(frame, its Result) for `frames` (objects with .image uint8 [3, h, w], .name, .path,
         .frame), in order."""
+        if self.end_to_end:
+            opts = dataclasses.replace(opts, nms=False)
         batch: list[tuple[Any, Tensor, Any]] = []
         for item in self._prepared(frames):
             batch.append(item)

@@ -23,6 +23,7 @@ class PostOptions:
     iou: float = 0.7         # NMS IoU threshold (class-aware)
     max_det: int = 300       # per image
     multi_label: bool = False  # one candidate per (box, class) above conf, as validation does
+    nms: bool = True         # False for end-to-end models (DETRs): the top max_det (query, class) scores
 
 
 def prepare_detect(image: Tensor, imgsz: int) -> tuple[Tensor, tuple[float, tuple[int, int]]]:
@@ -40,7 +41,8 @@ def detect_results(preds: Tensor, metas: Sequence[Any], frames: Sequence[Any], n
     """Detections per image, boxes in original pixels: NMS, then the letterbox undone."""
     from ..eval.postprocess import postprocess, unletterbox
 
-    dets = postprocess(preds, conf=opts.conf, iou=opts.iou, max_det=opts.max_det, multi_label=opts.multi_label)
+    dets = postprocess(preds, conf=opts.conf, iou=opts.iou, max_det=opts.max_det, multi_label=opts.multi_label,
+                       nms=opts.nms)
     counts = [len(d) for d in dets]
     d = torch.cat(dets).cpu() if dets else torch.zeros(0, 6)  # one device -> host copy per batch
     owner = torch.repeat_interleave(torch.arange(len(dets)), torch.tensor(counts))

@@ -203,7 +203,7 @@ class InferenceLoop:
         self.steps_per_epoch = math.ceil(len(files) / cfg.batch)
         self.epoch = self.batch_index = self.iteration = 0
         self.stop = False
-        self.opts = PostOptions(cfg.conf, cfg.iou, cfg.max_det)
+        self.opts = PostOptions(cfg.conf, cfg.iou, cfg.max_det, nms=not predictor.end_to_end)
 
     def run(self) -> None:
         total = self.cfg.profile_skip + self.cfg.profile_steps
