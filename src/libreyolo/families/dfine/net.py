@@ -16,7 +16,8 @@ Measured here (80 classes; tests/unit/test_dfine_net.py): n 3,782,691 / 7.11 GFL
 / 25.23 GFLOPs (FlopCounterMode: 2 FLOPs per multiply-add, grid_sample not counted). The
 parameter counts are upstream's module for module (its two frozen `up`/`reg_scale` scalars are
 constants here); with the same weights, backbone + encoder outputs agree with upstream's to
-~1e-7 and the decoder's boxes and scores (a query permutation aside) to ~3e-7, checked once
+~1e-7 (upstream's transposed sin-cos embedding swapped for the core's row-major one,
+detr/layers.py) and the decoder's boxes and scores (a query permutation aside) to ~3e-7, checked once
 against github:Peterande/D-FINE and github:ShihuaHuang95/DEIM (not a test: no upstream code
 in the tree).
 
