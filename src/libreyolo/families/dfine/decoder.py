@@ -29,10 +29,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..detr.boxes import cxcywh_to_xyxy, inverse_sigmoid, xyxy_to_cxcywh
+from ..detr.boxes import inverse_sigmoid, xyxy_to_cxcywh
 from ..detr.layers import MLP, MSDeformableAttention
 
 FP16_MAX = 65504.0  # the decoder's clamp before the last LayerNorm (upstream, every layer)
@@ -189,5 +188,3 @@ class FDRDecoder(nn.Module):
                 "corners": torch.stack(corners_out, 1), "refs": torch.stack(refs, 1),
                 "pre_logits": pre_logits, "pre_boxes": pre_boxes}
 
-
-__all__ = ["FDRDecoder", "box_to_distance", "cxcywh_to_xyxy", "distance_to_box", "weighting_function"]
