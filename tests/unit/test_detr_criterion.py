@@ -72,6 +72,10 @@ def test_all_empty_batch_has_only_the_class_term():
     assert out.dn_logits.shape[2] == 0
     loss, items = crit(out, tg)
     assert items[0] > 0 and items[1] == 0 and items[2] == 0 and torch.isfinite(loss)
+    # An output with dn queries scored against empty targets: the dn pairs drop out too.
+    with_dn = _output(_targets([3, 1]))
+    _, items = crit(with_dn, _targets([0, 0]))
+    assert with_dn.dn_logits.shape[2] > 0 and items[0] > 0 and items[1] == 0 and items[2] == 0
 
 
 def _reference(out, tg):

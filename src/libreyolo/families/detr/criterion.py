@@ -102,7 +102,7 @@ class DETRLoss(PerImageLoss):
             c, a, g = self.pair_terms(logits, boxes, pairs[name], tgt)
             cls, l1, gi = cls + c, l1 + a, gi + g
         if out.dn_logits.shape[2] > 0:
-            pairs["dn"] = dn_pairs(out.dn_target, out.dn_logits.shape[1])
+            pairs["dn"] = dn_pairs(out.dn_target, out.dn_logits.shape[1], tgt.valid)
             c, a, g = self.pair_terms(out.dn_logits, out.dn_boxes, pairs["dn"], tgt)
             cls, l1, gi = cls + c / out.dn_groups, l1 + a / out.dn_groups, gi + g / out.dn_groups
         terms = [cls * self.gain_cls, l1 * self.gain_l1, gi * self.gain_giou]
@@ -158,12 +158,15 @@ def normalise_targets(targets: Targets, wh: Tensor) -> NormTargets:
     return NormTargets(boxes, targets.labels.long(), targets.valid.bool())
 
 
-def dn_pairs(dn_target: Tensor, layers: int) -> SetPairs:
-    """The fixed dn pairs: query d reconstructs target dn_target[d] (>= 0), for every layer."""
+def dn_pairs(dn_target: Tensor, layers: int, valid: Tensor) -> SetPairs:
+    """The fixed dn pairs: query d reconstructs target dn_target[d] (>= 0), for every layer.
+    A pair whose target is not valid in `valid [B, M]` is dropped (the same output scored
+    against other targets, e.g. an all-empty batch in the tests)."""
     b, d = dn_target.shape
     query = torch.arange(d, device=dn_target.device).expand(b, layers, d)
-    target = dn_target.clamp(min=0).unsqueeze(1).expand(b, layers, d)
-    return SetPairs(query, target, (dn_target >= 0).unsqueeze(1).expand(b, layers, d))
+    target = dn_target.clamp(min=0)
+    mask = (dn_target >= 0) & valid.gather(1, target)
+    return SetPairs(query, target.unsqueeze(1).expand(b, layers, d), mask.unsqueeze(1).expand(b, layers, d))
 
 
 def criterion(model: Any, cfg: Any = None) -> DETRLoss:

@@ -100,7 +100,11 @@ class MSDeformableAttention(nn.Module):
         self.head_dim = dim // heads
         self.offset_scale = offset_scale
         total = sum(self.points)
+        # Per point: 1 / its level's point count, and its level (buffers: no host->device copy in
+        # forward; a CPU->CUDA torch.tensor would synchronise the stream every step).
         self.register_buffer("point_scale", torch.tensor([1.0 / n for n in self.points for _ in range(n)]),
+                             persistent=False)
+        self.register_buffer("point_level", torch.tensor([lv for lv, n in enumerate(self.points) for _ in range(n)]),
                              persistent=False)
         self.sampling_offsets = nn.Linear(dim, heads * total * 2)
         self.attention_weights = nn.Linear(dim, heads * total)
@@ -136,16 +140,23 @@ class MSDeformableAttention(nn.Module):
         off = self.sampling_offsets(query).view(b, lq, self.heads, total, 2)
         attn = self.attention_weights(query).view(b, lq, self.heads, total).softmax(-1)
         if ref.shape[-1] == 4:
-            ref = _per_point(ref, self.points)  # [B, Lq, 1, 1 or total, 4]
+            ref = self._per_point(ref)  # [B, Lq, 1, 1 or total, 4]
             loc = ref[..., :2] + off * self.point_scale.to(off.dtype)[:, None] * ref[..., 2:] * self.offset_scale
-        elif ref.shape[-1] == 2:
-            wh = torch.tensor([[w, h] for h, w in shapes], dtype=off.dtype, device=off.device)
-            norm = torch.repeat_interleave(wh, torch.tensor(self.points, device=off.device), 0)
-            loc = _per_point(ref, self.points) + off / norm
+        elif ref.shape[-1] == 2:  # offsets in cells of their level: / (w, h)
+            off = torch.cat([torch.cat((o[..., :1] / w, o[..., 1:] / h), -1)
+                             for (h, w), o in zip(shapes, off.split(self.points, 3))], 3)
+            loc = self._per_point(ref) + off
         else:
             raise ValueError("reference points end in 4 (boxes) or 2 (points)")
         out = self._sample(value, shapes, loc, attn)
         return self.output_proj(out)
+
+    def _per_point(self, ref: Tensor) -> Tensor:
+        """[B, Lq, 1 or levels, k] -> [B, Lq, 1 (heads), 1 or sum(points), k]: each point gets its
+        level's ref."""
+        if ref.shape[2] == 1:
+            return ref.unsqueeze(2)
+        return ref.index_select(2, self.point_level).unsqueeze(2)
 
     def _sample(self, value: Tensor, shapes: Sequence[tuple[int, int]], loc: Tensor, attn: Tensor) -> Tensor:
         """value [B, Lv, C], loc [B, Lq, H, P, 2] in [0, 1], attn [B, Lq, H, P] -> [B, Lq, C]."""
@@ -161,9 +172,8 @@ class MSDeformableAttention(nn.Module):
                 samples.append(F.grid_sample(v_l.view(b * heads, hd, h, w), 2 * loc_l - 1, mode="bilinear",
                                              padding_mode="zeros", align_corners=False))
             else:
-                size = torch.tensor([w, h], device=loc_l.device, dtype=loc_l.dtype)
-                xy = torch.floor(loc_l * size + 0.5).long()
-                x, y = xy[..., 0].clamp(0, w - 1), xy[..., 1].clamp(0, h - 1)
+                x = torch.floor(loc_l[..., 0] * w + 0.5).long().clamp(0, w - 1)
+                y = torch.floor(loc_l[..., 1] * h + 0.5).long().clamp(0, h - 1)
                 idx = (y * w + x).reshape(b * heads, 1, -1).expand(-1, hd, -1)
                 samples.append(v_l.gather(2, idx).view(b * heads, hd, lq, -1))
         sampled = torch.cat(samples, -1)  # [B * H, hd, Lq, P]
@@ -172,22 +182,17 @@ class MSDeformableAttention(nn.Module):
         return out.transpose(1, 2)
 
 
-def _per_point(ref: Tensor, points: Sequence[int]) -> Tensor:
-    """[B, Lq, 1 or levels, k] -> [B, Lq, 1 (heads), 1 or sum(points), k]: each point gets its
-    level's ref."""
-    if ref.shape[2] == 1:
-        return ref.unsqueeze(2)
-    counts = torch.tensor(points, device=ref.device)
-    return torch.repeat_interleave(ref, counts, dim=2).unsqueeze(2)
-
-
 class DecoderLayer(nn.Module):
     """RT-DETR's decoder layer (post-norm): self-attention over the queries (dn mask applied),
     deformable cross-attention into the encoder memory, ReLU FFN; linear1/linear2 xavier-uniform
-    (rtdetrv2_decoder.py TransformerDecoderLayer; r18: 8 heads, FFN 1024, dropout 0)."""
+    (rtdetrv2_decoder.py TransformerDecoderLayer; r18: 8 heads, FFN 1024, dropout 0).
+    RT-DETR v1 (rtdetr_decoder.py) differs in two details: torch's default FFN init
+    (`xavier_ffn=False`) and a clamp of the FFN residual to the float16 range before the last
+    norm (`clamp_fp16=True`)."""
 
     def __init__(self, dim: int = 256, heads: int = 8, ffn: int = 1024, dropout: float = 0.0, levels: int = 3,
-                 points: int | Sequence[int] = 4, method: str = "default"):
+                 points: int | Sequence[int] = 4, method: str = "default", xavier_ffn: bool = True,
+                 clamp_fp16: bool = False):
         super().__init__()
         self.self_attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
         self.cross_attn = MSDeformableAttention(dim, heads, levels, points, method)
@@ -195,8 +200,10 @@ class DecoderLayer(nn.Module):
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.drop1, self.drop2, self.drop3, self.drop4 = (nn.Dropout(dropout) for _ in range(4))
         self.act = nn.ReLU()
-        init.xavier_uniform_(self.linear1.weight)
-        init.xavier_uniform_(self.linear2.weight)
+        self.clamp_fp16 = clamp_fp16
+        if xavier_ffn:
+            init.xavier_uniform_(self.linear1.weight)
+            init.xavier_uniform_(self.linear2.weight)
 
     def forward(self, x: Tensor, ref: Tensor, memory: Tensor, shapes: Sequence[tuple[int, int]],
                 attn_mask: Tensor | None = None, pos: Tensor | None = None) -> Tensor:
@@ -204,4 +211,5 @@ class DecoderLayer(nn.Module):
         x = self.norm1(x + self.drop1(self.self_attn(q, q, x, attn_mask=attn_mask, need_weights=False)[0]))
         q = x if pos is None else x + pos
         x = self.norm2(x + self.drop2(self.cross_attn(q, ref, memory, shapes)))
-        return self.norm3(x + self.drop4(self.linear2(self.drop3(self.act(self.linear1(x))))))
+        x = x + self.drop4(self.linear2(self.drop3(self.act(self.linear1(x)))))
+        return self.norm3(x.clamp(-65504.0, 65504.0) if self.clamp_fp16 else x)

@@ -28,8 +28,9 @@ INPUT_WH = "input_wh"
 
 
 def input_wh(batch: int, h: int, w: int, device: torch.device) -> Tensor:
-    """The `extra[INPUT_WH]` entry: [B, 2] (w, h) of the network input."""
-    return torch.tensor([float(w), float(h)], device=device).expand(batch, 2)
+    """The `extra[INPUT_WH]` entry: [B, 2] (w, h) of the network input. Built with fills, not
+    `torch.tensor` (a CPU->CUDA copy that would synchronise the stream every step)."""
+    return torch.stack((torch.full((batch,), float(w), device=device), torch.full((batch,), float(h), device=device)), 1)
 
 
 class DETROutput(NamedTuple):

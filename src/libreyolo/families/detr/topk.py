@@ -16,5 +16,5 @@ def decode(logits: Tensor, boxes: Tensor, size: tuple[int, int]) -> Tensor:
     """logits [B, Q, C], boxes [B, Q, 4] cxcywh normalised, size (h, w) of the input ->
     [B, Q, 4 + C] float32: xyxy in pixels, then sigmoid scores."""
     h, w = size
-    scale = torch.tensor([w, h, w, h], dtype=torch.float32, device=boxes.device)
-    return torch.cat((cxcywh_to_xyxy(boxes.float()) * scale, logits.float().sigmoid()), -1)
+    x1, y1, x2, y2 = cxcywh_to_xyxy(boxes.float()).unbind(-1)  # scalars, no host->device copy
+    return torch.cat((torch.stack((x1 * w, y1 * h, x2 * w, y2 * h), -1), logits.float().sigmoid()), -1)
