@@ -31,8 +31,9 @@ import math
 import torch
 from torch import nn
 
+from ..detr import layers
 from ..detr.boxes import inverse_sigmoid, xyxy_to_cxcywh
-from ..detr.layers import MLP, MSDeformableAttention
+from ..detr.layers import MLP
 
 FP16_MAX = 65504.0  # the decoder's clamp before the last LayerNorm (upstream, every layer)
 
@@ -106,33 +107,23 @@ class LQE(nn.Module):
         return logits + self.mlp(stat)
 
 
-class DeformableSampling(MSDeformableAttention):
-    """The core's deformable attention without value and output projections: D-FINE samples
-    the encoder memory directly (its MSDeformableAttention has no value_proj/output_proj)."""
+class DecoderLayer(layers.DecoderLayer):
+    """The core's decoder layer in D-FINE's form: cross-attention without value/output
+    projections (D-FINE samples the encoder memory directly), a `Gate` in place of the
+    cross-attention residual + norm2, the FFN activation of the recipe, the float16 clamp."""
 
-    def __init__(self, dim: int, heads: int, levels: int, points: tuple[int, ...]):
-        super().__init__(dim, heads, levels, points)
-        self.value_proj = self.output_proj = nn.Identity()
-
-
-class DecoderLayer(nn.Module):
     def __init__(self, dim: int, heads: int, ffn: int, points: tuple[int, ...], act: type[nn.Module]):
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(dim, heads, batch_first=True)
-        self.norm1 = nn.LayerNorm(dim)
-        self.cross_attn = DeformableSampling(dim, heads, len(points), points)
-        self.gate = Gate(dim)
-        self.linear1, self.linear2 = nn.Linear(dim, ffn), nn.Linear(ffn, dim)
-        nn.init.xavier_uniform_(self.linear1.weight)
-        nn.init.xavier_uniform_(self.linear2.weight)
+        super().__init__(dim, heads, ffn, 0.0, len(points), points, clamp_fp16=True)
+        self.cross_attn.value_proj = self.cross_attn.output_proj = nn.Identity()
+        self.norm2 = Gate(dim)
         self.act = act()
-        self.norm3 = nn.LayerNorm(dim)
 
-    def forward(self, x: torch.Tensor, ref: torch.Tensor, value: torch.Tensor,
-                shapes: list[tuple[int, int]], mask: torch.Tensor | None, pos: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ref: torch.Tensor, memory: torch.Tensor,
+                shapes: list[tuple[int, int]], attn_mask: torch.Tensor | None = None,
+                pos: torch.Tensor | None = None) -> torch.Tensor:
         q = x + pos
-        x = self.norm1(x + self.self_attn(q, q, x, attn_mask=mask, need_weights=False)[0])
-        x = self.gate(x, self.cross_attn(x + pos, ref, value, shapes))
+        x = self.norm1(x + self.self_attn(q, q, x, attn_mask=attn_mask, need_weights=False)[0])
+        x = self.norm2(x, self.cross_attn(x + pos, ref, memory, shapes))
         x = x + self.linear2(self.act(self.linear1(x)))
         return self.norm3(x.clamp(-FP16_MAX, FP16_MAX))
 

@@ -67,14 +67,6 @@ def union_pairs(pairs: dict[str, SetPairs], queries: int) -> SetPairs:
     return SetPairs(query.unsqueeze(1), target.unsqueeze(1), (best > 0).unsqueeze(1))
 
 
-def real_dn_pairs(dn_target: Tensor, layers: int, tgt: NormTargets) -> SetPairs:
-    """The core's fixed dn pairs, kept only where the target is a real box of `tgt` (the loss
-    may be asked about other targets than the ones the dn queries were built from)."""
-    pairs = dn_pairs(dn_target, layers)
-    real = tgt.valid.gather(1, dn_target.clamp(min=0)).unsqueeze(1)
-    return SetPairs(pairs.query, pairs.target, pairs.mask & real)
-
-
 def expand_pairs(pairs: SetPairs, sets: int) -> SetPairs:
     return SetPairs(*(t.expand(-1, sets, -1) for t in pairs))
 
@@ -129,8 +121,8 @@ class DFINELoss(DETRLoss):
         ddf = self.ddf(out.logits, out.boxes, out.extra["corners"], layers, tgt, ddf_w)
         if out.dn_logits.shape[2] > 0:
             g = out.dn_groups
-            dn = real_dn_pairs(out.dn_target, out.dn_logits.shape[1], tgt)
-            dn_pre = real_dn_pairs(out.dn_target, 1, tgt)
+            dn = dn_pairs(out.dn_target, out.dn_logits.shape[1], tgt.valid)
+            dn_pre = dn_pairs(out.dn_target, 1, tgt.valid)
             for (logits, boxes), p in (((out.dn_logits, out.dn_boxes), dn),
                                        ((out.extra["dn_pre_logits"].unsqueeze(1),
                                          out.extra["dn_pre_boxes"].unsqueeze(1)), dn_pre)):
