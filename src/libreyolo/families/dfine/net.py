@@ -28,7 +28,6 @@ True, no Normalize in the D-FINE/DEIM transforms).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -38,6 +37,7 @@ from ..detr.boxes import xyxy_to_cxcywh
 from ..detr.denoise import denoising_group
 from ..detr.layers import MLP
 from ..detr.output import INPUT_WH, DETROutput, input_wh
+from ..detr.queries import QueryAnchors, take, topk_cells
 from ..detr.topk import decode
 from .decoder import FDRDecoder, prior_logit
 from .encoder import HybridEncoder
@@ -47,8 +47,6 @@ NUM_QUERIES = 300      # include/dfine_hgnetv2.yml DFINETransformer.num_queries
 NUM_DENOISING = 100    # num_denoising, label_noise_ratio 0.5, box_noise_scale 1.0
 LABEL_NOISE, BOX_NOISE = 0.5, 1.0
 REG_MAX, REG_SCALE = 32, 4.0
-ANCHOR_SIZE = 0.05     # _generate_anchors grid_size: level l anchors are 0.05 * 2^l wide
-ANCHOR_EPS = 0.01      # DFINETransformer eps: anchors outside (eps, 1 - eps) are masked
 
 
 @dataclass(frozen=True)
@@ -81,21 +79,6 @@ class Encoder(nn.Module):
         return self.encoder(self.backbone(images))
 
 
-def make_anchors(shapes: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logit-space anchor boxes [1, S, 4] (cell centres, 0.05 * 2^level wide) and their valid
-    mask [1, S, 1]; invalid anchors (touching the border band) are +inf as upstream."""
-    anchors = []
-    for lvl, (h, w) in enumerate(shapes):
-        gy, gx = torch.meshgrid(torch.arange(h, device=device, dtype=torch.float32),
-                                torch.arange(w, device=device, dtype=torch.float32), indexing="ij")
-        xy = torch.stack(((gx + 0.5) / w, (gy + 0.5) / h), -1).reshape(-1, 2)
-        anchors.append(torch.cat((xy, torch.full_like(xy, ANCHOR_SIZE * 2.0 ** lvl)), -1))
-    a = torch.cat(anchors)[None]
-    valid = ((a > ANCHOR_EPS) & (a < 1 - ANCHOR_EPS)).all(-1, keepdim=True)
-    logit = torch.log(a / (1 - a))
-    return torch.where(valid, logit, torch.inf), valid
-
-
 class DFINEModel(nn.Module):
     """Training model (families/base.py, /work/notes/detr_contract.md): `capturable` is backbone
     + hybrid encoder; `forward_train` is query selection, denoising and the decoder (eager)."""
@@ -120,7 +103,7 @@ class DFINEModel(nn.Module):
         self.dn_embed = nn.Embedding(num_classes + 1, dim, padding_idx=num_classes)
         nn.init.normal_(self.dn_embed.weight[:-1])
         self.decoder = FDRDecoder(dim, 8, arch.ffn, arch.layers, arch.points, num_classes, act, REG_MAX, REG_SCALE)
-        self._anchors: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.anchors = QueryAnchors()  # eps 0.01, size 0.05 * 2^level (DFINETransformer)
 
     @property
     def capturable(self) -> nn.Module:
@@ -135,26 +118,17 @@ class DFINEModel(nn.Module):
             return self.forward_train(self.net(images), targets)
         return self.predict(images)
 
-    def _anchors_for(self, shapes: list[tuple[int, int]], device: torch.device):
-        key = (tuple(shapes), device)
-        if key not in self._anchors:
-            self._anchors[key] = make_anchors(shapes, device)
-        return self._anchors[key]
-
     def _select(self, feats: tuple[torch.Tensor, ...]):
         """Flattened memory, level shapes, and the top-k encoder proposals (query selection)."""
         shapes = [(int(f.shape[-2]), int(f.shape[-1])) for f in feats]
         memory = torch.cat([f.flatten(2) for f in feats], 2).transpose(1, 2)  # [B, S, C]
-        anchors, valid = self._anchors_for(shapes, memory.device)
+        anchors, valid = self.anchors(shapes, memory.device)
         out_memory = self.enc_output(valid.to(memory.dtype) * memory)
         enc_logits = self.enc_score(out_memory)
-        k = min(NUM_QUERIES, memory.shape[1])  # a small input has fewer cells than queries
-        idx = enc_logits.max(-1).values.topk(k, 1).indices
-        top_memory = out_memory.gather(1, idx[..., None].expand(-1, -1, out_memory.shape[-1]))
-        top_logits = enc_logits.gather(1, idx[..., None].expand(-1, -1, enc_logits.shape[-1]))
-        top_anchors = anchors.expand(memory.shape[0], -1, -1).gather(1, idx[..., None].expand(-1, -1, 4))
-        ref_logit = self.enc_bbox(top_memory) + top_anchors
-        return memory, shapes, top_memory, top_logits, ref_logit
+        idx = topk_cells(enc_logits, NUM_QUERIES)
+        top_memory = take(out_memory, idx)
+        ref_logit = self.enc_bbox(top_memory) + take(anchors.expand(memory.shape[0], -1, -1), idx)
+        return memory, shapes, top_memory, take(enc_logits, idx), ref_logit
 
     def forward_train(self, captured: tuple[torch.Tensor, ...], targets=None) -> DETROutput:
         memory, shapes, top_memory, top_logits, ref_logit = self._select(captured)
