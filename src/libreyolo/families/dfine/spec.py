@@ -16,8 +16,9 @@ def backbone(model: nn.Module) -> nn.Module:
 
 # Shared by D-FINE, DEIM and RT-DETRv4 (one network, one captured region).
 CAPTURE = CapturePlan("encoder", note=(
-    "backbone + hybrid encoder; query selection, denoising (one host read of the batch's max "
-    "box count) and the FDR decoder stay eager, the Hungarian matching is one batched solve"))
+    "backbone + hybrid encoder; query selection, denoising, the FDR decoder, Hungarian matching "
+    "and loss stay eager: the denoising query count follows the batch's largest box count (a new "
+    "shape per step) and the matcher solves on the host or in a data-dependent kernel"))
 
 SPEC = FamilySpec(
     name="dfine",
