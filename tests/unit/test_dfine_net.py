@@ -80,3 +80,16 @@ def test_fuse_keeps_encoder_outputs():
         got = model.fuse().capturable(x)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     assert all(torch.allclose(r, g, atol=1e-4, rtol=1e-4) for r, g in zip(ref, got))
+
+
+def test_query_anchors_and_topk_cells():
+    from libreyolo.families.detr.queries import QueryAnchors, take, topk_cells
+
+    anchors, valid = QueryAnchors()([(2, 2), (1, 60)], torch.device("cpu"))
+    assert anchors.shape == (1, 64, 4) and valid.shape == (1, 64, 1)
+    assert torch.allclose(anchors[0, 0].sigmoid(), torch.tensor([0.25, 0.25, 0.05, 0.05]))
+    assert not valid[0, 4] and torch.isinf(anchors[0, 4]).all()  # x centre 1/120 < eps 0.01
+    assert valid[0, 5] and torch.isfinite(anchors[0, 5]).all()
+    logits = torch.tensor([[[0.0, 3.0], [5.0, -1.0], [1.0, 1.0]]])
+    idx = topk_cells(logits, 300)
+    assert idx.tolist() == [[1, 0, 2]] and torch.equal(take(logits, idx[:, :1]), logits[:, 1:2])
