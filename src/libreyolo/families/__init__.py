@@ -32,10 +32,13 @@ def get_family(name: str) -> FamilySpec:
     return spec
 
 
+from .deim.spec import SPEC as _DEIM  # noqa: E402
+from .dfine.spec import SPEC as _DFINE  # noqa: E402
 from .mobilenetv4.spec import SPEC as _MOBILENETV4  # noqa: E402
 from .resnet.spec import SPEC as _RESNET  # noqa: E402
 from .rtdetr.spec import SPEC as _RTDETR  # noqa: E402
 from .rtdetr.spec import SPEC_V2 as _RTDETRV2  # noqa: E402
+from .rtdetrv4.spec import SPEC as _RTDETRV4  # noqa: E402
 from .rtmdet.spec import SPEC as _RTMDET  # noqa: E402
 from .yolo9.spec import SPEC as _YOLO9  # noqa: E402
 from .yolox.spec import SPEC as _YOLOX  # noqa: E402
@@ -47,3 +50,6 @@ register(_RESNET)
 register(_MOBILENETV4)
 register(_RTDETR)
 register(_RTDETRV2)
+register(_DFINE)
+register(_DEIM)
+register(_RTDETRV4)
