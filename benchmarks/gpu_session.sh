@@ -31,6 +31,13 @@
 #                    eager and graphed, pre/post-processing included (benchmarks/predict_bench.py); with
 #                    PEER=1 the peer's predict on YOLOv9-t as a reference row (needs .whl/peer)
 #   profile-infer    `libreyolo profile infer` YOLOv9-t batch 1 at 640 float16, eager and graphed
+#   bench-detr       bench step for the DETRs (DETR_MODELS, default every one) at batches DETR_BATCHES
+#                    (default 2 4 8), 640: float16 eager and graphed, fp32 where the family's recipe
+#                    trains without AMP (D-FINE, DEIM, RT-DETRv4); 16 steps after 6 warm-up
+#   assign           the Hungarian solvers at 8 images x 1-7 output sets x 10-100 targets x 300 queries
+#                    (benchmarks/assign_bench.py)
+#   train-detr       every DETR (DETR_MODELS) from scratch on the 800/100 generated set at DETR_IMGSZ
+#                    (default 320), DETR_EPOCHS (default 12) epochs, batch 16, graphed, multi_scale off
 #   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, 100 epochs
 #   train-yolox      YOLOX-t from scratch on shapes at 640, float16, graphed (capture invalidated
 #                    and re-taken when the L1 branch turns on at no_aug_epochs)
@@ -99,6 +106,7 @@ train() {  # train NAME KEY=VALUE...: a training run; its results.csv and log co
   tail -3 "$out/$name.log"
 }
 six=fp32,fp32+graph,float16,float16+graph,bfloat16,bfloat16+graph
+detrs="rtdetr-r18 rtdetrv2-r18 dfine-n dfine-s deim-n deim-s rtdetrv4-s"
 
 stage_run() {
   case "$1" in
@@ -152,6 +160,24 @@ stage_run() {
       done ;;
     bench-families-bs)
       matrix step_families_b2_b32 --models yolox-t rtmdet-t --batches 2 32 --arms float16,float16+graph ;;
+    bench-detr)
+      for m in ${DETR_MODELS:-$detrs}; do
+        arms=float16,float16+graph
+        [ "$(python3 -c "from libreyolo.model import LibreYOLO; print(LibreYOLO('$m').source.defaults.get('amp', True))")" = False ] \
+          && arms=fp32,fp32+graph
+        matrix "step_$m" --models "$m" --batches ${DETR_BATCHES:-2 4 8} --arms $arms --steps 16 --warmup 6
+        cat "$out/step_$m.md"
+      done ;;
+    assign)
+      python3 benchmarks/assign_bench.py --device cuda --sets 1,4,7 --boxes 10,37,100 --out "$out/assign_bench.json" \
+        | tail -3 ;;
+    train-detr)
+      data=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; \
+from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 100))")
+      for m in ${DETR_MODELS:-$detrs}; do
+        DATA=$data train "detr_$m" model="$m" imgsz=${DETR_IMGSZ:-320} batch=16 nbs=16 epochs=${DETR_EPOCHS:-12} \
+          workers=8 eval_interval=${DETR_EPOCHS:-12} cuda_graph=true multi_scale=false
+      done ;;
     train-yolo9)
       train yolo9t_640 model=yolo9-t imgsz=640 batch=16 nbs=16 epochs=100 workers=8 eval_interval=10 amp_dtype=float16 ;;
     train-yolox)
