@@ -174,3 +174,12 @@ def run_in_process(argv: list[str], capsys) -> tuple[int, str, str]:
     out = capsys.readouterr()
     return code, out.out, out.err
 
+
+
+def live_corners(model) -> None:
+    """D-FINE-style models: random last layers in the corner heads. At init they are zero, every
+    decoder layer's distribution is the same and the distillation term (DDF) is exactly 0."""
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for head in model.decoder.corners:
+            head.layers[-1].weight.copy_(torch.randn(head.layers[-1].weight.shape, generator=gen) * 0.05)

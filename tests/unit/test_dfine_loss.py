@@ -3,7 +3,7 @@ float32, and the recipes (RT-DETRv4 inherits DEIM's)."""
 
 import pytest
 import torch
-from testkit import random_targets
+from testkit import live_corners, random_targets
 
 from libreyolo.families import REGISTRY
 from libreyolo.families.base import Targets
@@ -17,21 +17,12 @@ def _empty(b):
     return Targets(torch.zeros(b, 8, 4), torch.zeros(b, 8, dtype=torch.long), torch.zeros(b, 8, dtype=torch.bool))
 
 
-def _live_corners(model):
-    """Random last layers in the corner heads: at init they are zero, every layer's distribution
-    is the same and DDF is exactly 0."""
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for head in model.decoder.corners:
-            head.layers[-1].weight.copy_(torch.randn(head.layers[-1].weight.shape, generator=gen) * 0.05)
-
-
 @pytest.fixture(scope="module", params=["dfine", "deim"])
 def step(request):
     spec = REGISTRY[request.param]
     torch.manual_seed(0)
     model = spec.build("n", 3).train()
-    _live_corners(model)
+    live_corners(model)
     tg = random_targets(torch.Generator().manual_seed(2), 4, 8, 64, 3, [2, 0, 5, 8], min_wh=6.0)
     out = model.forward_train(model.capturable(torch.rand(4, 3, 64, 96)), tg)
     return spec, model, spec.criterion(model, None), out, tg

@@ -1,3 +1,11 @@
 """The shared DETR core: output type, box helpers, Hungarian matching, contrastive denoising,
-deformable-attention layers and the set-prediction criterion that RT-DETR v1/v2, D-FINE and DEIM
-build on (docs: /work/notes/detr_contract.md, the family contract in families/base.py)."""
+query selection, deformable-attention layers and the set-prediction criterion that RT-DETR v1/v2,
+D-FINE, DEIM and RT-DETRv4 build on (docs/architecture.md, "DETR families"; the family contract
+in families/base.py)."""
+
+# Host synchronisations of one DETR training step on CUDA, the only ones it makes (the GPU test
+# counts them with torch's sync debug mode): the denoising group count reads the batch's largest
+# box count (denoise.max_boxes), and torch-linear-assignment checks its input twice (a NaN/-inf
+# read and an infeasibility read) before and after its one batched solve (matcher.py). With
+# SciPy (no Triton) the solve's device->host copy is the one sync instead of those two.
+STEP_HOST_SYNCS = 3

@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from ..common import build_model, fuse_model_
-from ..detr.boxes import xyxy_to_cxcywh
+from ..detr import STEP_HOST_SYNCS
+from ..detr.criterion import normalise_targets
 from ..detr.denoise import denoising_group
 from ..detr.layers import MLP
 from ..detr.output import INPUT_WH, DETROutput, input_wh
@@ -80,10 +81,11 @@ class Encoder(nn.Module):
 
 
 class DFINEModel(nn.Module):
-    """Training model (families/base.py, /work/notes/detr_contract.md): `capturable` is backbone
+    """Training model (families/base.py; docs/architecture.md, "DETR families"): `capturable` is backbone
     + hybrid encoder; `forward_train` is query selection, denoising and the decoder (eager)."""
 
     end_to_end = True
+    host_syncs = STEP_HOST_SYNCS
 
     def __init__(self, size: str, num_classes: int, act: type[nn.Module] = nn.ReLU):
         super().__init__()
@@ -104,6 +106,7 @@ class DFINEModel(nn.Module):
         nn.init.normal_(self.dn_embed.weight[:-1])
         self.decoder = FDRDecoder(dim, 8, arch.ffn, arch.layers, arch.points, num_classes, act, REG_MAX, REG_SCALE)
         self.anchors = QueryAnchors()  # eps 0.01, size 0.05 * 2^level (DFINETransformer)
+        self.num_denoising = NUM_DENOISING
 
     @property
     def capturable(self) -> nn.Module:
@@ -138,9 +141,9 @@ class DFINEModel(nn.Module):
         content, ref = top_memory.detach(), ref_logit.detach()
         dn = None
         if self.training and targets is not None:
-            scale = wh.repeat(1, 2).unsqueeze(1)
-            dn = denoising_group(targets.labels, xyxy_to_cxcywh(targets.boxes.float() / scale), targets.valid,
-                                 self.num_classes, q, self.dn_embed, NUM_DENOISING, LABEL_NOISE, BOX_NOISE)
+            tg = normalise_targets(targets, wh)
+            dn = denoising_group(tg.labels, tg.boxes, tg.valid, self.num_classes, q, self.dn_embed,
+                                 self.num_denoising, LABEL_NOISE, BOX_NOISE)
         if dn is not None:
             content = torch.cat((dn.queries.to(content.dtype), content), 1)
             ref = torch.cat((dn.boxes_unact.to(ref.dtype), ref), 1)

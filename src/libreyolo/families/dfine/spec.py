@@ -44,9 +44,10 @@ SPEC = FamilySpec(
     # - multi-scale 480-800 (base_size_repeat 20; our multi_scale is x0.5-1.5, the nearest);
     # - loss weights vfl 1, bbox (L1) 5, giou 2, fgl 0.15, ddf 1.5: `cls` 1, `box` (GIoU) 2,
     #   the rest constants in loss.py;
-    # - amp False: upstream trains with use_amp True (include/optimizer.yml); its decoder clamps
-    #   to +-65504, the largest finite float16, before the last norm of every layer, which is
-    #   what keeps fp16 finite there. Off here until the lead has measured fp16 on our trainer.
+    # - amp False, as the training-speed reference we follow runs D-FINE and DEIM: the decoder
+    #   clamps activations to +-65504, the largest finite float16, before the last norm of every
+    #   layer (decoder.py), a float16 guard that float32 never needs. Upstream's own configs
+    #   train with use_amp True (include/optimizer.yml); `amp=true` is the user's choice.
     # Not expressible: 500-iteration warmup, the epoch count (132; left to the user).
     defaults={"optimizer": "adamw", "lr0": 0.0002, "backbone_lr": 0.5, "lrf": 1.0, "momentum": 0.9,
               "weight_decay": 0.0001, "warmup_bias_lr": 0.0, "warmup_momentum": 0.9, "clip_grad": 0.1,

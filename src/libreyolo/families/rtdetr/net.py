@@ -26,11 +26,13 @@ from torch.nn import init
 
 from ..base import Targets
 from ..common import build_model, fold_bn, fuse_model_
+from ..detr import STEP_HOST_SYNCS
 from ..detr.boxes import inverse_sigmoid
 from ..detr.criterion import normalise_targets
 from ..detr.denoise import denoising_group
 from ..detr.layers import MLP, DecoderLayer, EncoderLayer, sincos_pos_embed_2d
 from ..detr.output import DETROutput, input_wh
+from ..detr.queries import QueryAnchors, take, topk_cells
 from ..detr.topk import decode
 
 SIZES = ("r18",)
@@ -234,7 +236,7 @@ class RTDETRDecoder(nn.Module):
                  num_queries: int = 300, layers: int = 3, num_denoising: int = 100):
         super().__init__()
         self.num_classes, self.num_queries, self.version = num_classes, num_queries, version
-        self.num_denoising, self.eps = num_denoising, 1e-2
+        self.num_denoising = num_denoising
         points = 4 if version == "v1" else [4, 4, 4]
         v1 = version == "v1"
         self.layers = nn.ModuleList(DecoderLayer(HIDDEN, 8, 1024, 0.0, len(STRIDES), points, cross_attn_method,
@@ -246,7 +248,7 @@ class RTDETRDecoder(nn.Module):
         self.enc_bbox_head = MLP(HIDDEN, HIDDEN, 4, 3)
         self.dec_score_head = nn.ModuleList(nn.Linear(HIDDEN, num_classes) for _ in range(layers))
         self.dec_bbox_head = nn.ModuleList(MLP(HIDDEN, HIDDEN, 4, 3) for _ in range(layers))
-        self._anchors: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self.anchors = QueryAnchors()  # eps 0.01, size 0.05 * 2^level
         self._reset_parameters()
 
     @torch.no_grad()
@@ -262,22 +264,6 @@ class RTDETRDecoder(nn.Module):
         init.xavier_uniform_(self.query_pos_head.layers[0].weight)
         init.xavier_uniform_(self.query_pos_head.layers[1].weight)
 
-    def anchors(self, shapes: Sequence[tuple[int, int]], device: torch.device) -> tuple[Tensor, Tensor]:
-        """(anchor logits [1, A, 4] with +inf where invalid, valid [1, A, 1]); built once per shape
-        set on the device (arange, no host sync)."""
-        key = (tuple(shapes), device)
-        if key not in self._anchors:
-            out = []
-            for lvl, (h, w) in enumerate(shapes):
-                ys, xs = torch.meshgrid(torch.arange(h, device=device, dtype=torch.float32),
-                                        torch.arange(w, device=device, dtype=torch.float32), indexing="ij")
-                xy = torch.stack(((xs + 0.5) / w, (ys + 0.5) / h), -1).reshape(-1, 2)
-                out.append(torch.cat((xy, torch.full_like(xy, 0.05 * 2.0 ** lvl)), -1))
-            a = torch.cat(out).unsqueeze(0)
-            valid = ((a > self.eps) & (a < 1 - self.eps)).all(-1, keepdim=True)
-            self._anchors[key] = (torch.where(valid, torch.log(a / (1 - a)), torch.inf), valid)
-        return self._anchors[key]
-
     def forward(self, feats: Sequence[Tensor], targets: Targets | None, input_hw: tuple[int, int]) -> DETROutput:
         b = feats[0].shape[0]
         shapes = [(int(f.shape[2]), int(f.shape[3])) for f in feats]
@@ -287,14 +273,10 @@ class RTDETRDecoder(nn.Module):
         out_memory = self.enc_output(memory)
         enc_logits_all = self.enc_score_head(out_memory)
         enc_coord_all = self.enc_bbox_head(out_memory) + anchors
-        q = min(self.num_queries, memory.shape[1])  # a small input has fewer tokens than 300
-        index = enc_logits_all.max(-1).values.topk(q, dim=1).indices  # [B, Q]
-
-        def pick(t: Tensor) -> Tensor:
-            return t.gather(1, index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
-
-        enc_logits, enc_coord = pick(enc_logits_all), pick(enc_coord_all)
-        content, ref_unact = pick(out_memory).detach(), enc_coord.detach()
+        index = topk_cells(enc_logits_all, self.num_queries)  # [B, Q]; fewer cells than 300: all
+        q = index.shape[1]
+        enc_logits, enc_coord = take(enc_logits_all, index), take(enc_coord_all, index)
+        content, ref_unact = take(out_memory, index).detach(), enc_coord.detach()
 
         dn = None
         wh = input_wh(b, *input_hw, memory.device)
@@ -340,10 +322,11 @@ class RTDETRDecoder(nn.Module):
 
 # --------------------------------------------------------------------------- the model
 class RTDETRModel(nn.Module):
-    """Training model (families/base.py, /work/notes/detr_contract.md): `capturable` = backbone +
+    """Training model (families/base.py; docs/architecture.md, "DETR families"): `capturable` = backbone +
     encoder (+ the decoder's input projections), `forward_train` the eager decoder."""
 
     end_to_end = True
+    host_syncs = STEP_HOST_SYNCS
     version = "v1"
 
     def __init__(self, size: str, num_classes: int, cross_attn_method: str = "default"):
