@@ -97,7 +97,8 @@ def test_step_host_syncs_are_the_documented_ones(family):
             items = train_step(ctx, batch, update=True)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    # One warning per synchronising call (torch also warns once that the mode is a prototype).
+    syncs = [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
     print(f"\n[{family}] host syncs per step: {len(syncs)}")
     assert torch.isfinite(items).all()
     assert len(syncs) == ctx.model.host_syncs, syncs

@@ -48,8 +48,12 @@ def test_graphed_predict_matches_eager_and_replays(arch, caplog):
     g = graphed_predictor.graph
     assert g.fallback_reason is None and g.replays == 3 and g.eager_calls == 0, caplog.text
     assert "captured the forward for 4x3x256x256" in caplog.text
+    end_to_end = graphed_predictor.end_to_end
     for a, b in zip(eager, graphed):
-        if a.task == "detect":
+        if a.task == "detect" and end_to_end:
+            _same_set(torch.cat([a.boxes, a.scores[:, None]], 1)[None], torch.cat([b.boxes, b.scores[:, None]], 1)[None],
+                      box_px=1e-3, score=1e-4)
+        elif a.task == "detect":
             assert len(a) == len(b)
             torch.testing.assert_close(a.boxes, b.boxes, atol=1e-3, rtol=1e-4)
             torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
@@ -74,8 +78,27 @@ def _raw(predictor, frames):
     return predictor.infer(images).float().cpu()
 
 
-def _close(a, b, box_px: float, score: float) -> None:
-    if a.shape[-1] > 4 and a.ndim == 3:  # detection: boxes in pixels, then scores
+# An end-to-end model (a DETR) predicts one row per query, and its queries are the top 300 cells
+# of the encoder's scores: near-equal for random weights, so rounding on another device or dtype
+# can swap a few cells at the cut. Its rows are compared as sets: this share of one side's rows must
+# have a row on the other within the tolerances (measured on the H200 below; the rest are the
+# swapped-in cells).
+SAME_SET = 0.9
+
+
+def _same_set(a, b, box_px: float, score: float) -> None:
+    """[B, N, 4 + k] rows: each row of `a` looked up among `b`'s rows of the same image."""
+    near = (((a[:, :, None, :4] - b[:, None, :, :4]).abs().amax(-1) <= box_px)
+            & ((a[:, :, None, 4:] - b[:, None, :, 4:]).abs().amax(-1) <= score))
+    found = near.any(-1).float().mean().item()
+    print(f"rows found on the other side: {found:.3f}")
+    assert found >= SAME_SET, found
+
+
+def _close(a, b, box_px: float, score: float, end_to_end: bool = False) -> None:
+    if end_to_end:
+        _same_set(a, b, box_px, score)
+    elif a.shape[-1] > 4 and a.ndim == 3:  # detection: boxes in pixels, then scores
         torch.testing.assert_close(a[..., :4], b[..., :4], atol=box_px, rtol=0)
         torch.testing.assert_close(a[..., 4:], b[..., 4:], atol=score, rtol=0)
     else:  # classification probabilities
@@ -86,8 +109,9 @@ def _close(a, b, box_px: float, score: float) -> None:
 def test_cuda_predict_agrees_with_cpu(arch):
     """float32 both sides; CUDA convolutions use TF32 (cuDNN's default), about 1e-3 relative."""
     frames = _frames(4)
-    _close(_raw(_predictor(arch, "cpu", False), frames), _raw(_predictor(arch, "cuda", True), frames),
-           box_px=0.1, score=5e-3)
+    cpu = _predictor(arch, "cpu", False)
+    _close(_raw(cpu, frames), _raw(_predictor(arch, "cuda", True), frames), box_px=0.1, score=5e-3,
+           end_to_end=cpu.end_to_end)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -99,7 +123,7 @@ def test_half_weights_predict_what_float32_predicts(arch, dtype):
     p = Predictor(resolve_model(arch), imgsz=256, batch=4, device="cuda", amp=True, amp_dtype=dtype)
     assert next(p.model.parameters()).dtype == getattr(torch, dtype)
     bf16 = dtype == "bfloat16"  # 8 mantissa bits against float16's 11
-    _close(full, _raw(p, frames), box_px=2.0 if bf16 else 0.5, score=1e-1 if bf16 else 1e-2)
+    _close(full, _raw(p, frames), box_px=2.0 if bf16 else 0.5, score=1e-1 if bf16 else 1e-2, end_to_end=p.end_to_end)
 
 
 def test_graphed_float16_batch1_predict_has_one_graph_and_no_eager_forward():

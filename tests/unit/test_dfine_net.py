@@ -85,11 +85,12 @@ def test_fuse_keeps_encoder_outputs():
 def test_query_anchors_and_topk_cells():
     from libreyolo.families.detr.queries import QueryAnchors, take, topk_cells
 
-    anchors, valid = QueryAnchors()([(2, 2), (1, 60)], torch.device("cpu"))
+    anchors, valid = QueryAnchors()([(2, 2), (1, 60)], torch.zeros(1))
     assert anchors.shape == (1, 64, 4) and valid.shape == (1, 64, 1)
     assert torch.allclose(anchors[0, 0].sigmoid(), torch.tensor([0.25, 0.25, 0.05, 0.05]))
     assert not valid[0, 4] and torch.isinf(anchors[0, 4]).all()  # x centre 1/120 < eps 0.01
     assert valid[0, 5] and torch.isfinite(anchors[0, 5]).all()
     logits = torch.tensor([[[0.0, 3.0], [5.0, -1.0], [1.0, 1.0]]])
-    idx = topk_cells(logits, 300)
-    assert idx.tolist() == [[1, 0, 2]] and torch.equal(take(logits, idx[:, :1]), logits[:, 1:2])
+    assert topk_cells(logits, 300).tolist() == [[0, 1, 2]]  # every cell, in cell order
+    idx = topk_cells(logits, 2)  # the two best (max logit 5 and 3), still in cell order
+    assert idx.tolist() == [[0, 1]] and torch.equal(take(logits, idx[:, 1:]), logits[:, 1:2])

@@ -28,8 +28,14 @@ class QueryAnchors:
         self.eps, self.size = eps, size
         self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
 
-    def __call__(self, shapes: Sequence[tuple[int, int]], device: torch.device) -> tuple[Tensor, Tensor]:
-        key = (tuple(shapes), device)
+    def __call__(self, shapes: Sequence[tuple[int, int]], memory: Tensor) -> tuple[Tensor, Tensor]:
+        """For `memory`'s device. The anchors are float32, as upstream builds them (autocast
+        keeps the reference boxes in float32 too), except for a network run in half weights
+        without autocast (predict's deploy model): then in memory's dtype, the weights'."""
+        device = memory.device
+        autocast = torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type)
+        dtype = torch.float32 if autocast else memory.dtype
+        key = (tuple(shapes), device, dtype)
         if key not in self._cache:
             out = []
             for lvl, (h, w) in enumerate(shapes):
@@ -39,14 +45,19 @@ class QueryAnchors:
                 out.append(torch.cat((xy, torch.full_like(xy, self.size * 2.0 ** lvl)), -1))
             a = torch.cat(out).unsqueeze(0)
             valid = ((a > self.eps) & (a < 1 - self.eps)).all(-1, keepdim=True)
-            self._cache[key] = (torch.where(valid, torch.log(a / (1 - a)), torch.inf), valid)
+            self._cache[key] = (torch.where(valid, torch.log(a / (1 - a)), torch.inf).to(dtype), valid)
         return self._cache[key]
 
 
 def topk_cells(logits: Tensor, k: int) -> Tensor:
-    """Encoder logits [B, S, C] -> indices [B, min(k, S)] of the best cells (max over classes);
-    a small input has fewer cells than queries."""
-    return logits.max(-1).values.topk(min(k, logits.shape[1]), dim=1).indices
+    """Encoder logits [B, S, C] -> indices [B, min(k, S)] of the best cells (max over classes),
+    in cell order; a small input has fewer cells than queries.
+
+    Cell order rather than score order: the decoder treats its queries as a set (self-attention
+    without positions, per-query heads, matching), so the order changes no result, and a fixed
+    order makes two runs comparable query by query whenever they select the same cells (an
+    untrained model's near-equal scores put the same cells in another order on another device)."""
+    return logits.max(-1).values.topk(min(k, logits.shape[1]), dim=1, sorted=False).indices.sort(dim=1).values
 
 
 def take(t: Tensor, index: Tensor) -> Tensor:

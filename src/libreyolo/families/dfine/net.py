@@ -125,7 +125,7 @@ class DFINEModel(nn.Module):
         """Flattened memory, level shapes, and the top-k encoder proposals (query selection)."""
         shapes = [(int(f.shape[-2]), int(f.shape[-1])) for f in feats]
         memory = torch.cat([f.flatten(2) for f in feats], 2).transpose(1, 2)  # [B, S, C]
-        anchors, valid = self.anchors(shapes, memory.device)
+        anchors, valid = self.anchors(shapes, memory)
         out_memory = self.enc_output(valid.to(memory.dtype) * memory)
         enc_logits = self.enc_score(out_memory)
         idx = topk_cells(enc_logits, NUM_QUERIES)

@@ -268,7 +268,7 @@ class RTDETRDecoder(nn.Module):
         b = feats[0].shape[0]
         shapes = [(int(f.shape[2]), int(f.shape[3])) for f in feats]
         memory = torch.cat([f.flatten(2).transpose(1, 2) for f in feats], 1)  # [B, A, 256]
-        anchors, valid = self.anchors(shapes, memory.device)
+        anchors, valid = self.anchors(shapes, memory)
         memory = memory * valid.to(memory.dtype)
         out_memory = self.enc_output(memory)
         enc_logits_all = self.enc_score_head(out_memory)
