@@ -118,12 +118,28 @@ def test_cuda_predict_agrees_with_cpu(arch):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_weights_predict_what_float32_predicts(arch, dtype):
     frames = _frames(4)
-    full = _raw(_predictor(arch, "cuda", False), frames)
+    reference = _predictor(arch, "cuda", False)
+    full = _raw(reference, frames)
     torch.manual_seed(0)
     p = Predictor(resolve_model(arch), imgsz=256, batch=4, device="cuda", amp=True, amp_dtype=dtype)
     assert next(p.model.parameters()).dtype == getattr(torch, dtype)
     bf16 = dtype == "bfloat16"  # 8 mantissa bits against float16's 11
-    _close(full, _raw(p, frames), box_px=2.0 if bf16 else 0.5, score=1e-1 if bf16 else 1e-2, end_to_end=p.end_to_end)
+    half = _raw(p, frames)
+    if p.end_to_end:
+        # A DETR's 300 queries are the top cells of a random model's near-equal scores, and half
+        # rounding re-picks many of them (21-76 % of the rows kept, H200): the network itself is
+        # what must agree, and the half predictions must be whole.
+        assert half.shape == full.shape and torch.isfinite(half).all()
+        images = torch.stack([p.prepare(f.image)[0] for f in frames]).cuda()
+        with torch.no_grad():
+            want = reference.model.capturable(images.float().div(255).contiguous(memory_format=torch.channels_last))
+            got = p.model.capturable(images.to(p.dtype).div(255).contiguous(memory_format=torch.channels_last))
+        for w, g in zip(want, got):
+            rel = float((g.float() - w).norm() / w.norm())
+            print(f"[{arch} {dtype}] encoder output rel L2 {rel:.2e}")
+            assert rel < (5e-2 if bf16 else 1e-2)
+        return
+    _close(full, half, box_px=2.0 if bf16 else 0.5, score=1e-1 if bf16 else 1e-2)
 
 
 def test_graphed_float16_batch1_predict_has_one_graph_and_no_eager_forward():
