@@ -146,3 +146,24 @@ def test_hyperparameters_doc_is_generated():
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "hyperparameters.md"
     assert doc.read_text() == hyperparameters_markdown(), "run `make docs` to regenerate"
+
+
+def test_cfg_of_the_detrs_shows_amp_off_and_the_inherited_recipe(capsys):
+    import json
+
+    from testkit import run_in_process
+
+    def rows(model):
+        code, out, err = run_in_process(["cfg", f"model={model}", "--json"], capsys)
+        assert code == 0, err
+        return {r["key"]: (r["default"], r["source"]) for r in json.loads(out)}
+
+    dfine = rows("dfine-n")
+    assert dfine["amp"] == ("false", "dfine") and dfine["lr0"] == ("0.0008", "dfine-n")
+    assert dfine["backbone_lr"] == ("0.5", "dfine") and dfine["clip_grad"] == ("0.1", "dfine")
+    v4 = rows("rtdetrv4-s")  # every recipe value inherited from DEIM, named as DEIM's
+    assert {k: v4[k] for k in ("amp", "lr0", "lr_schedule", "lr_flat", "mosaic", "backbone_lr")} == {
+        "amp": ("false", "deim"), "lr0": ("0.0004", "deim"), "lr_schedule": ("flat_cosine", "deim"),
+        "lr_flat": ("0.485", "deim"), "mosaic": ("0.5", "deim"), "backbone_lr": ("0.5", "deim")}
+    assert v4["task"] == ("detect", "rtdetrv4") and v4["epochs"] == ("100", "base")
+    assert rows("LibreRTDETRr18.pt")["backbone_lr"] == ("0.1", "rtdetr")  # an official name, parsed only
