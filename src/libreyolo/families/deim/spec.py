@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ..base import FamilySpec
+from ..detr.model import backbone_of
 from ..dfine.loss import deim_criterion
 from ..dfine.net import build_deim
-from ..dfine.spec import CAPTURE, backbone
+from ..dfine.spec import CAPTURE
 
 SPEC = FamilySpec(
     name="deim",
@@ -15,7 +16,7 @@ SPEC = FamilySpec(
     criterion=deim_criterion,
     weights_prefix="LibreDEIM",
     size_names={"nano": "n", "small": "s"},
-    backbone=backbone,
+    backbone=backbone_of,
     # From github:ShihuaHuang95/DEIM configs/deim_dfine/deim_hgnetv2_s_coco.yml over
     # dfine_hgnetv2_s_coco.yml, configs/base/{deim,optimizer,dataloader}.yml (n: size_defaults):
     # - AdamW betas (0.9, 0.999), lr 0.0004, backbone lr 0.0002 (backbone_lr 0.5), weight decay

@@ -68,6 +68,39 @@ class EncoderLayer(nn.Module):
         return self.norm2(x + self.drop2(self.linear2(self.drop(self.act(self.linear1(x))))))
 
 
+class HybridEncoder(nn.Module):
+    """The hybrid encoder's data flow, shared by RT-DETR and D-FINE (their blocks differ): input
+    projections, AIFI (one transformer layer with the 2D sin-cos position) on the coarsest map,
+    then CCFF: a top-down FPN (lateral conv, nearest 2x upsampling, fusion block) and a bottom-up
+    PAN (downsampling conv, fusion block). Subclasses set `input_proj`, `aifi`, `lateral`, `fpn`,
+    `down` and `pan` (one entry per level, per level pair for the last four)."""
+
+    input_proj: nn.ModuleList
+    aifi: nn.Module
+    lateral: nn.ModuleList
+    fpn: nn.ModuleList
+    down: nn.ModuleList
+    pan: nn.ModuleList
+
+    def forward(self, feats: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        x = [proj(f) for proj, f in zip(self.input_proj, feats)]
+        b, c, h, w = x[-1].shape
+        tokens = x[-1].flatten(2).transpose(1, 2)
+        pos = sincos_pos_embed_2d(h, w, c, device=tokens.device, dtype=tokens.dtype)
+        x[-1] = self.aifi(tokens, pos).transpose(1, 2).reshape(b, c, h, w)
+        # top-down: inner[0] is the finest so far; the lateral conv also replaces the coarser map
+        inner = [x[-1]]
+        for j, i in enumerate(range(len(x) - 1, 0, -1)):
+            high = self.lateral[j](inner[0])
+            inner[0] = high
+            up = F.interpolate(high, scale_factor=2.0, mode="nearest")
+            inner.insert(0, self.fpn[j](torch.cat((up, x[i - 1]), 1)))
+        outs = [inner[0]]
+        for j in range(len(x) - 1):
+            outs.append(self.pan[j](torch.cat((self.down[j](outs[-1]), inner[j + 1]), 1)))
+        return tuple(outs)
+
+
 class MSDeformableAttention(nn.Module):
     """Multi-scale deformable attention (Deformable DETR, Zhu et al., 2021) via `F.grid_sample`.
 

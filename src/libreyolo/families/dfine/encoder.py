@@ -19,10 +19,10 @@ Sizes (configs/dfine/dfine_hgnetv2_{n,s}_coco.yml over include/dfine_hgnetv2.yml
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..detr.layers import EncoderLayer, sincos_pos_embed_2d
+from ..detr import layers
+from ..detr.layers import EncoderLayer
 from .blocks import ConvNorm, RepConv
 
 
@@ -59,7 +59,7 @@ class RepNCSPELAN4(nn.Module):
         return self.cv4(torch.cat(ys, 1))
 
 
-class HybridEncoder(nn.Module):
+class HybridEncoder(layers.HybridEncoder):
     """Backbone maps (coarsest last) -> `len(channels)` maps of `hidden` channels, same strides."""
 
     def __init__(self, channels: tuple[int, ...], hidden: int, ffn: int, expansion: float,
@@ -74,20 +74,3 @@ class HybridEncoder(nn.Module):
         self.down = nn.ModuleList(nn.Sequential(ConvNorm(hidden, hidden), ConvNorm(hidden, hidden, 3, 2, g=hidden))
                                   for _ in range(levels - 1))
         self.pan = nn.ModuleList(RepNCSPELAN4(2 * hidden, hidden, 2 * hidden, c4, n) for _ in range(levels - 1))
-
-    def forward(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        x = [proj(f) for proj, f in zip(self.input_proj, feats)]
-        b, c, h, w = x[-1].shape
-        tokens = x[-1].flatten(2).transpose(1, 2)
-        pos = sincos_pos_embed_2d(h, w, c, device=tokens.device, dtype=tokens.dtype)
-        x[-1] = self.aifi(tokens, pos).transpose(1, 2).reshape(b, c, h, w)
-        # top-down: inner[0] is the finest so far; the lateral conv also replaces the coarse map
-        inner = [x[-1]]
-        for j, i in enumerate(range(len(x) - 1, 0, -1)):
-            high = self.lateral[j](inner[0])
-            inner[0] = high
-            inner.insert(0, self.fpn[j](torch.cat((F.interpolate(high, scale_factor=2.0, mode="nearest"), x[i - 1]), 1)))
-        outs = [inner[0]]
-        for j in range(len(x) - 1):
-            outs.append(self.pan[j](torch.cat((self.down[j](outs[-1]), inner[j + 1]), 1)))
-        return tuple(outs)

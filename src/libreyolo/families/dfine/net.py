@@ -32,11 +32,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..common import build_model, fuse_model_
-from ..detr import STEP_HOST_SYNCS
+from ..common import build_model
 from ..detr.criterion import normalise_targets
 from ..detr.denoise import denoising_group
 from ..detr.layers import MLP
+from ..detr.model import DETRModel
 from ..detr.output import INPUT_WH, DETROutput, input_wh
 from ..detr.queries import QueryAnchors, take, topk_cells
 from ..detr.topk import decode
@@ -80,12 +80,10 @@ class Encoder(nn.Module):
         return self.encoder(self.backbone(images))
 
 
-class DFINEModel(nn.Module):
+class DFINEModel(DETRModel):
     """Training model (families/base.py; docs/architecture.md, "DETR families"): `capturable` is backbone
     + hybrid encoder; `forward_train` is query selection, denoising and the decoder (eager)."""
 
-    end_to_end = True
-    host_syncs = STEP_HOST_SYNCS
 
     def __init__(self, size: str, num_classes: int, act: type[nn.Module] = nn.ReLU):
         super().__init__()
@@ -107,19 +105,6 @@ class DFINEModel(nn.Module):
         self.decoder = FDRDecoder(dim, 8, arch.ffn, arch.layers, arch.points, num_classes, act, REG_MAX, REG_SCALE)
         self.anchors = QueryAnchors()  # eps 0.01, size 0.05 * 2^level (DFINETransformer)
         self.num_denoising = NUM_DENOISING
-
-    @property
-    def capturable(self) -> nn.Module:
-        return self.net
-
-    @property
-    def backbone(self) -> nn.Module:
-        return self.net.backbone
-
-    def forward(self, images: torch.Tensor, targets=None):
-        if self.training:
-            return self.forward_train(self.net(images), targets)
-        return self.predict(images)
 
     def _select(self, feats: tuple[torch.Tensor, ...]):
         """Flattened memory, level shapes, and the top-k encoder proposals (query selection)."""
@@ -175,11 +160,6 @@ class DFINEModel(nn.Module):
         out = self.decoder(top_memory, ref_logit, memory, shapes, None, last_only=True)
         with torch.autocast(images.device.type, enabled=False):
             return decode(out["logits"][:, -1], out["boxes"][:, -1], tuple(images.shape[-2:]))
-
-    def fuse(self) -> DFINEModel:
-        """Deploy form, in place: BN folded into convs, RepVGG branches merged (eval mode)."""
-        fuse_model_(self.eval().net)
-        return self
 
 
 class DEIMModel(DFINEModel):

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from ..base import CapturePlan, FamilySpec
+from ..detr.model import backbone_of
 from .loss import criterion
 from .net import build
-
-
-def backbone(model: nn.Module) -> nn.Module:
-    """The HGNetv2 backbone: trains at `backbone_lr x lr0` (D-FINE, DEIM and RT-DETRv4)."""
-    return model.backbone
-
 
 # Shared by D-FINE, DEIM and RT-DETRv4 (one network, one captured region).
 CAPTURE = CapturePlan("encoder", note=(
@@ -29,7 +22,7 @@ SPEC = FamilySpec(
     weights_prefix="LibreDFINE",
     aliases=("d-fine",),
     size_names={"nano": "n", "small": "s"},
-    backbone=backbone,
+    backbone=backbone_of,
     # From github:Peterande/D-FINE configs/dfine/dfine_hgnetv2_s_coco.yml over include/
     # optimizer.yml and include/dataloader.yml (the n recipe's differences: size_defaults):
     # - AdamW betas (0.9, 0.999), lr 0.0002, backbone lr 0.0001 (backbone_lr 0.5), weight decay

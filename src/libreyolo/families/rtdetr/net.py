@@ -25,12 +25,13 @@ from torch import Tensor, nn
 from torch.nn import init
 
 from ..base import Targets
-from ..common import build_model, fold_bn, fuse_model_
-from ..detr import STEP_HOST_SYNCS
+from ..common import build_model, fold_bn
+from ..detr import layers
 from ..detr.boxes import inverse_sigmoid
 from ..detr.criterion import normalise_targets
 from ..detr.denoise import denoising_group
-from ..detr.layers import MLP, DecoderLayer, EncoderLayer, sincos_pos_embed_2d
+from ..detr.layers import MLP, DecoderLayer, EncoderLayer
+from ..detr.model import DETRModel
 from ..detr.output import DETROutput, input_wh
 from ..detr.queries import QueryAnchors, take, topk_cells
 from ..detr.topk import decode
@@ -159,7 +160,7 @@ class CSPRepLayer(nn.Module):
         return self.conv3(self.bottlenecks(self.conv1(x)) + self.conv2(x))
 
 
-class HybridEncoder(nn.Module):
+class HybridEncoder(layers.HybridEncoder):
     """Input projections (1x1 conv + BN) to 256, AIFI (one transformer layer, 8 heads, FFN 1024,
     dropout 0, GELU) on the stride-32 map, then CCFF: a top-down FPN (1x1 lateral conv, nearest
     2x upsampling, CSPRepLayer) and a bottom-up PAN (3x3 stride-2 conv, CSPRepLayer).
@@ -171,30 +172,10 @@ class HybridEncoder(nn.Module):
         self.input_proj = nn.ModuleList(ConvNorm(c, hidden, 1) for c in in_channels)
         self.aifi = EncoderLayer(hidden, 8, 1024, 0.0)
         n = len(in_channels)
-        self.lateral_convs = nn.ModuleList(ConvNorm(hidden, hidden, 1, 1, nn.SiLU) for _ in range(n - 1))
-        self.fpn_blocks = nn.ModuleList(CSPRepLayer(2 * hidden, hidden, blocks, expansion) for _ in range(n - 1))
-        self.downsample_convs = nn.ModuleList(ConvNorm(hidden, hidden, 3, 2, nn.SiLU) for _ in range(n - 1))
-        self.pan_blocks = nn.ModuleList(CSPRepLayer(2 * hidden, hidden, blocks, expansion) for _ in range(n - 1))
-
-    def forward(self, feats: Sequence[Tensor]) -> tuple[Tensor, ...]:
-        proj = [p(f) for p, f in zip(self.input_proj, feats)]
-        top = proj[-1]
-        b, c, h, w = top.shape
-        tokens = top.flatten(2).transpose(1, 2)
-        pos = sincos_pos_embed_2d(h, w, c, device=top.device, dtype=tokens.dtype)
-        proj[-1] = self.aifi(tokens, pos).transpose(1, 2).reshape(b, c, h, w)
-        # top-down: inner[0] is the current finest fused map
-        inner = [proj[-1]]
-        for i, idx in enumerate(range(len(proj) - 1, 0, -1)):
-            high = self.lateral_convs[i](inner[0])
-            inner[0] = high
-            up = F.interpolate(high, scale_factor=2.0, mode="nearest")
-            inner.insert(0, self.fpn_blocks[i](torch.cat((up, proj[idx - 1]), 1)))
-        outs = [inner[0]]
-        for i in range(len(proj) - 1):
-            down = self.downsample_convs[i](outs[-1])
-            outs.append(self.pan_blocks[i](torch.cat((down, inner[i + 1]), 1)))
-        return tuple(outs)
+        self.lateral = nn.ModuleList(ConvNorm(hidden, hidden, 1, 1, nn.SiLU) for _ in range(n - 1))
+        self.fpn = nn.ModuleList(CSPRepLayer(2 * hidden, hidden, blocks, expansion) for _ in range(n - 1))
+        self.down = nn.ModuleList(ConvNorm(hidden, hidden, 3, 2, nn.SiLU) for _ in range(n - 1))
+        self.pan = nn.ModuleList(CSPRepLayer(2 * hidden, hidden, blocks, expansion) for _ in range(n - 1))
 
 
 class Capturable(nn.Module):
@@ -321,12 +302,10 @@ class RTDETRDecoder(nn.Module):
 
 
 # --------------------------------------------------------------------------- the model
-class RTDETRModel(nn.Module):
+class RTDETRModel(DETRModel):
     """Training model (families/base.py; docs/architecture.md, "DETR families"): `capturable` = backbone +
     encoder (+ the decoder's input projections), `forward_train` the eager decoder."""
 
-    end_to_end = True
-    host_syncs = STEP_HOST_SYNCS
     version = "v1"
 
     def __init__(self, size: str, num_classes: int, cross_attn_method: str = "default"):
@@ -335,34 +314,15 @@ class RTDETRModel(nn.Module):
         self.net = Capturable(xavier_proj=self.version == "v2")
         self.decoder = RTDETRDecoder(num_classes, self.version, cross_attn_method)
 
-    @property
-    def capturable(self) -> nn.Module:
-        return self.net
-
-    @property
-    def backbone(self) -> nn.Module:
-        return self.net.backbone
-
     def forward_train(self, captured: tuple[Tensor, ...], targets: Targets | None = None) -> DETROutput:
         h, w = captured[0].shape[2] * STRIDES[0], captured[0].shape[3] * STRIDES[0]
         return self.decoder(captured, targets, (h, w))
-
-    def forward(self, images: Tensor, targets: Targets | None = None):
-        return self.forward_train(self.net(images), targets) if self.training else self.predict(images)
 
     def predict(self, images: Tensor) -> Tensor:
         """[B, Q, 4 + C]: xyxy input pixels, then sigmoid scores (float32); the last layer only."""
         out = self.forward_train(self.net(images), None)
         with torch.autocast(images.device.type, enabled=False):
             return decode(out.logits[:, -1], out.boxes[:, -1], tuple(images.shape[2:]))
-
-    def fuse(self) -> RTDETRModel:
-        """Deploy form, in place: BN folded into convs, RepVGG branches merged (eval mode)."""
-        fuse_model_(self.eval().net)
-        return self
-
-    def fuse_(self) -> None:
-        self.fuse()
 
 
 class RTDETRv2Model(RTDETRModel):

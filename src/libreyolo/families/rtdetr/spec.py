@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ..base import CapturePlan, FamilySpec
 from ..detr.criterion import criterion
+from ..detr.model import backbone_of
 from .net import SIZES, build, build_v2
 
 _CAPTURE = CapturePlan("encoder", note=(
@@ -24,10 +25,6 @@ _CAPTURE = CapturePlan("encoder", note=(
     "denoising, decoder, Hungarian matching and loss stay eager: the denoising query count "
     "follows the batch's largest box count (a new shape per step) and the matcher solves on "
     "the host or in a data-dependent kernel"))
-
-def _backbone(model):
-    """The sub-module trained at backbone_lr x lr0 (families/base.py FamilySpec.backbone)."""
-    return getattr(model, "module", model).backbone
 
 
 _COMMON = {
@@ -64,7 +61,7 @@ SPEC = FamilySpec(
               # v1 optimizer.yml has no lr_warmup_scheduler: no warmup
               "warmup_epochs": 0.0},
     capture=_CAPTURE,
-    backbone=_backbone,
+    backbone=backbone_of,
 )
 
 SPEC_V2 = FamilySpec(
@@ -83,5 +80,5 @@ SPEC_V2 = FamilySpec(
               # group: at batch 16 on COCO train2017 (117,266 images, 7,329 steps) 0.27 epochs.
               "warmup_epochs": 0.27, "warmup_bias_lr": 0.0, "warmup_momentum": 0.9},
     capture=_CAPTURE,
-    backbone=_backbone,
+    backbone=backbone_of,
 )

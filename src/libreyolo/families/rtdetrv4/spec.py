@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ..base import FamilySpec
+from ..detr.model import backbone_of
 from ..dfine.loss import deim_criterion
 from ..dfine.net import build_deim
-from ..dfine.spec import CAPTURE, backbone
+from ..dfine.spec import CAPTURE
 
 SPEC = FamilySpec(
     name="rtdetrv4",
@@ -16,7 +17,7 @@ SPEC = FamilySpec(
     weights_prefix="LibreRTDETRv4",
     aliases=("rt-detrv4",),
     size_names={"small": "s"},
-    backbone=backbone,
+    backbone=backbone_of,
     # github:RT-DETRs/RT-DETRv4 configs/rtv4/rtv4_hgnetv2_s_coco.yml: the D-FINE-s network
     # (configs/dfine/dfine_hgnetv2_s_coco.yml, HGNetv2-B0) with DEIM's decoder activations and
     # losses (configs/base/rtv4.yml: mal 1 gamma 1.5, bbox 5, giou 2, fgl 0.15, ddf 1.5) and
