@@ -365,3 +365,19 @@ def test_a_family_inherits_its_parents_recipe_and_names_where_each_value_comes_f
     monkeypatch.setattr(families, "REGISTRY", {"grand": loop, "parent": parent, "child": child})
     with pytest.raises(ValueError, match="inherits from itself"):
         child.default_sources("s")
+
+
+@pytest.mark.parametrize("family", sorted(f for f in DETECTORS if REGISTRY[f].capture.region == "encoder"))
+def test_a_detr_step_without_boxes_still_reaches_every_parameter(family):
+    """DDP (no find_unused_parameters) needs a gradient for every parameter in every step: a
+    batch without boxes has no denoising queries, and the denoising embedding must still be in
+    the backward (with an exact zero)."""
+    spec = REGISTRY[family]
+    torch.manual_seed(0)
+    model = spec.build(spec.sizes[0], 3).train()
+    _all_terms_on(family, model)
+    empty = _empty_targets(2)
+    loss, _ = spec.criterion(model, None)(model.forward_train(model.capturable(torch.rand(2, 3, 64, 64)), empty), empty)
+    loss.backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing

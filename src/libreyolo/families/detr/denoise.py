@@ -107,3 +107,11 @@ def denoising_group(labels: Tensor, boxes: Tensor, valid: Tensor, num_classes: i
     attn_mask = (qi.unsqueeze(0) < d) & ((qi.unsqueeze(1) >= d) | (g.unsqueeze(1) != g.unsqueeze(0)))
     return DenoiseGroup(q_labels, class_embed(q_labels), boxes_unact, attn_mask, target,
                         torch.full((b,), float(groups), device=device), negative)
+
+
+def keep_in_graph(x: Tensor, class_embed: nn.Embedding) -> Tensor:
+    """`x` plus an exact 0 taken from the denoising embedding, for a training step without
+    denoising (a batch without boxes): the embedding still receives a (zero) gradient. DDP
+    (engine/distributed.py, no find_unused_parameters) needs every parameter in every step's
+    backward, and a rank whose share of the batch has no boxes would otherwise leave it out."""
+    return x + class_embed.weight[:0].sum().to(x.dtype)

@@ -34,7 +34,7 @@ from torch import nn
 
 from ..common import build_model
 from ..detr.criterion import normalise_targets
-from ..detr.denoise import denoising_group
+from ..detr.denoise import denoising_group, keep_in_graph
 from ..detr.layers import MLP
 from ..detr.model import DETRModel
 from ..detr.output import INPUT_WH, DETROutput, input_wh
@@ -132,6 +132,8 @@ class DFINEModel(DETRModel):
         if dn is not None:
             content = torch.cat((dn.queries.to(content.dtype), content), 1)
             ref = torch.cat((dn.boxes_unact.to(ref.dtype), ref), 1)
+        elif self.training:
+            content = keep_in_graph(content, self.dn_embed)
         out = self.decoder(content, ref, memory, shapes, None if dn is None else dn.attn_mask)
         d = 0 if dn is None else dn.num_queries
 

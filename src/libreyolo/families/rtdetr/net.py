@@ -29,7 +29,7 @@ from ..common import build_model, fold_bn
 from ..detr import layers
 from ..detr.boxes import inverse_sigmoid
 from ..detr.criterion import normalise_targets
-from ..detr.denoise import denoising_group
+from ..detr.denoise import denoising_group, keep_in_graph
 from ..detr.layers import MLP, DecoderLayer, EncoderLayer
 from ..detr.model import DETRModel
 from ..detr.output import DETROutput, input_wh
@@ -271,6 +271,8 @@ class RTDETRDecoder(nn.Module):
             content = torch.cat((dn.queries.to(content.dtype), content), 1)
             ref_unact = torch.cat((dn.boxes_unact.to(ref_unact.dtype), ref_unact), 1)
             attn_mask = dn.attn_mask
+        elif self.training:
+            content = keep_in_graph(content, self.denoising_class_embed)
 
         logits, boxes = self._decode(content, ref_unact, memory, shapes, attn_mask)
         empty = torch.zeros(b, 0, dtype=torch.long, device=memory.device)
