@@ -129,7 +129,9 @@ def prepare(user: dict[str, Any], workdir: Path, arms: list[str] | None = None) 
     lib = LibreYOLO(user["model"])
     task = task_for(lib.source.spec, user.get("task"))
     user = {"data": task.builtin_data, **user}
-    cfg = build_config({**user, "workers": 0, "val": False}, lib.source.defaults)
+    # One batch at `imgsz`: a multi-scale draw (the DETR recipes default to it) would time a
+    # random size (it timed RT-DETR at 960 px once).
+    cfg = build_config({**user, "workers": 0, "val": False, "multi_scale": False}, lib.source.defaults)
     data_cfg = task.load_data(cfg.data)
     torch.manual_seed(cfg.seed)
     model = build_model(lib.source, len(data_cfg.names))

@@ -7,12 +7,14 @@ The file computes `model.predict(images)`, the decode included, and nothing more
   S x S canvas of grey 114 (data/augment.FILL; 114 / 255 after scaling); a classifier's is resized
   to short side round(S / 0.875) and centre-cropped to S x S;
 - output `output`: detection [B, N, 4 + nc], boxes xyxy in input pixels, then per-class scores in
-  [0, 1], one row per anchor (N = the sum over strides s of (S / s)^2); classification [B, nc]
-  probabilities (softmax).
+  [0, 1], one row per anchor (N = the sum over strides s of (S / s)^2; a DETR: one row per query,
+  N = min(300, that sum)); classification [B, nc] probabilities (softmax).
 No family has NMS in its network and none is added to the file: detections are class-aware NMS
 over the per-class scores, as `eval.postprocess.postprocess` and predict do it: each row keeps its
 best class if that score passes `conf` (predict: 0.25), NMS per class at IoU 0.7
-(torchvision.ops.batched_nms), at most 300 per image by score; then a box returns to the original
+(torchvision.ops.batched_nms), at most 300 per image by score. An end-to-end model (the DETRs,
+`model.end_to_end`) needs no NMS: its detections are the 300 best (query, class) scores above
+`conf` (`eval.postprocess.top_k`). Then a box returns to the original
 image as (x - left) / ratio, (y - top) / ratio, with ratio = S / max(h, w) and (left, top) the
 canvas padding.
 
@@ -79,6 +81,8 @@ TASK_NOTES = {
     "classify": ("short side resized to round(S / 0.875), centre crop S x S",
                  "the output is probabilities: the argmax is the class"),
 }
+END_TO_END_NOTE = ("no NMS needed (one row per query): the best max_det (query, class) scores above conf "
+                   "(docs/export.md)")
 
 
 class ExportCheckError(LibreYOLOError):
@@ -161,7 +165,7 @@ def export_model(model: str, *, format: str = "onnx", imgsz: int | None = None, 
     kind = f"ONNX opset {written_opset}" if format == "onnx" else "torch.export program"
     log.info(f"exported {what} to {path} ({kind}, {size / 1e6:.1f} MB, {seconds:.1f} s): images float32 "
              f"{result.input_shape} -> output {result.output_shape}; {checked}; "
-             f"{TASK_NOTES.get(built.task.name, ('', ''))[1]}")
+             f"{built.post_note}")
     return result
 
 
@@ -220,6 +224,14 @@ class _Built:
     stride: int
     module: Any          # nn.Module whose forward is model.predict: what torch.export traces
     device: Any
+    end_to_end: bool = False  # a DETR: top-k over (query, class), no NMS
+
+    @property
+    def post_note(self) -> str:
+        """What to do with the output (metadata, log line)."""
+        if self.end_to_end and self.task.name == "detect":
+            return END_TO_END_NOTE
+        return TASK_NOTES.get(self.task.name, ("", ""))[1]
 
     def predict(self, images):
         import torch
@@ -240,7 +252,8 @@ def _build(source, imgsz: int | None, device: str) -> _Built:
         sizes = f"{below} or {below + stride}" if below else f"{stride}"
         raise ConfigError(f"imgsz={imgsz} is not a multiple of {stride}, the largest stride of {source.arch}: "
                           f"use {sizes}")
-    return _Built(source.arch, source.spec.name, task, names, int(imgsz), int(stride), _predict_module(model), target)
+    return _Built(source.arch, source.spec.name, task, names, int(imgsz), int(stride), _predict_module(model), target,
+                  bool(getattr(model, "end_to_end", False)))
 
 
 def _predict_module(model):
@@ -330,7 +343,7 @@ def _trace(module, example, dynamic: bool):
 
 def _metadata(built: _Built) -> dict[str, str]:
     """What the file says about itself: ONNX metadata_props, a pt2 file's libreyolo.json."""
-    prepare, post = TASK_NOTES.get(built.task.name, ("", ""))
+    prepare, post = TASK_NOTES.get(built.task.name, ("", ""))[0], built.post_note
     return {"libreyolo": __version__, "task": built.task.name, "family": built.family, "arch": built.arch,
             "imgsz": str(built.imgsz), "stride": str(built.stride), "names": json.dumps(built.names),
             "input": f"images: float32 [B, 3, {built.imgsz}, {built.imgsz}], RGB, values in [0, 1]; {prepare}",

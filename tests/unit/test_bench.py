@@ -70,3 +70,13 @@ def test_levers_that_cannot_act_on_the_device_are_named(monkeypatch):
     assert bench.inert_levers("bfloat16", spec, None, gpu) == ["bfloat16 is not native on this GPU (it would run "
                                                                "as float16)"]
     assert bench.inert_levers("float16+graph", spec, None, gpu) == []
+
+
+def test_the_timed_batch_is_at_imgsz_even_for_a_multi_scale_recipe(tmp_path):
+    import torch
+
+    from libreyolo.bench import prepare
+
+    meta = prepare({"model": "rtdetr-r18", "imgsz": 64, "batch": 2, "device": "cpu"}, tmp_path)
+    assert meta["config"]["multi_scale"] is False  # the family's recipe says True
+    assert torch.load(tmp_path / "batch.pt", weights_only=True)["images"].shape[-2:] == (64, 64)

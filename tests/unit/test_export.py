@@ -94,6 +94,7 @@ def test_every_family_exports_to_onnx(family, tmp_path, capfd):
     model = spec.build(spec.sizes[0], 1)
     cells = sum((64 // s) ** 2 for s in getattr(model, "strides", ()))
     rows = min(300, cells) if getattr(model, "end_to_end", False) else cells  # a DETR: one row per query
+    assert ("no NMS needed" in meta["postprocess"]) == getattr(model, "end_to_end", False)
     assert want.shape == ((n, rows, 4 + nc) if task.name == "detect" else (n, nc))
     _assert_close(out, want)
 

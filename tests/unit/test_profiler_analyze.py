@@ -148,3 +148,12 @@ def test_stats_ignores_missing_values():
                                          "max": 3.0, "n": 2}
     assert A.stats([])["mean"] is None
     assert A.finite(float("nan")) is None and A.finite(2.0) == 2.0
+
+
+def test_a_models_designed_syncs_do_not_make_the_step_host_bound():
+    """A DETR step syncs 3 times by design (model.host_syncs): the verdict looks past them."""
+    assert A.verdict(_figures(syncs_per_step=3.1))["name"] == "host-bound"
+    designed = A.verdict(_figures(syncs_per_step=3.1, designed_syncs_per_step=3.0))
+    assert designed["name"] == "launch-bound"
+    named = A.verdict(_figures(syncs_per_step=4.2, designed_syncs_per_step=3.0))
+    assert named["name"] == "host-bound" and "(3 of them the model's by design)" in named["reason"]

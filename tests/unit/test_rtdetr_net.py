@@ -120,3 +120,24 @@ def test_specs():
         cfg = build_config({}, spec.defaults_for("r18"))
         assert (cfg.optimizer, cfg.lr0, cfg.clip_grad, cfg.nbs, cfg.multi_scale) == ("adamw", 1e-4, 0.1, 16, True)
     assert v1.defaults["backbone_lr"] == 0.1 and v2.defaults["backbone_lr"] == 1.0
+
+
+def test_the_decoder_samples_the_unmasked_memory(monkeypatch):
+    """Border cells whose anchor is invalid are zeroed for the proposals only (upstream's
+    _get_decoder_input): the deformable cross-attention reads the encoder's own features."""
+    torch.manual_seed(0)
+    model = build("r18", 3).eval()
+    seen = {}
+    decode = type(model.decoder)._decode
+
+    def spy(self, x, ref, memory, shapes, mask):
+        seen["memory"] = memory
+        return decode(self, x, ref, memory, shapes, mask)
+
+    monkeypatch.setattr(type(model.decoder), "_decode", spy)
+    with torch.no_grad():
+        feats = model.net(torch.rand(1, 3, 512, 512))  # stride 8: 64 x 64 cells, the outer ring invalid
+        model.forward_train(feats, None)
+    whole = torch.cat([f.flatten(2).transpose(1, 2) for f in feats], 1)
+    _, valid = model.decoder.anchors([tuple(f.shape[2:]) for f in feats], whole)
+    assert not valid.all() and torch.equal(seen["memory"], whole)  # invalid cells exist, and are kept

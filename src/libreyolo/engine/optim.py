@@ -4,9 +4,10 @@ Groups, in this order, each with a `name` key (the LR schedule finds the bias gr
   0 "weights": conv/linear weights (ndim >= 2, not in a norm layer), weight decay on;
   1 "norm":    norm-layer weights and any other non-bias parameter with ndim < 2, no decay;
   2 "bias":    every parameter called `bias`, no decay, own group so warmup can give it its own LR.
-With a `backbone` module and `backbone_lr != 1` the backbone's parameters form three more groups,
-"backbone.weights", "backbone.norm" and "backbone.bias", with `lr_scale = backbone_lr` (the LR
-schedule multiplies by it). Empty groups are left out. Each group holds one flat tensor of which its parameters and their
+With a `backbone` module and `backbone_lr != 1` the backbone's parameters form their own groups
+with `lr_scale = backbone_lr` (the LR schedule multiplies by it), each after the model's group of
+the same kind: weights, backbone.weights, norm, backbone.norm, bias, backbone.bias ([0] stays
+"weights"). Empty groups are left out. Each group holds one flat tensor of which its parameters and their
 gradients are views (`flatten`), so the optimizer, unscaling, clipping and zeroing launch per
 group, not per parameter. Build the optimizer after the model is on its device and in its memory
 format: moving the model afterwards would detach the parameters from the flat tensors.

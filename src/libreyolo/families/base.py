@@ -77,8 +77,9 @@ class FamilySpec:
     joiner: str = "-"                           # between name and size in the arch name: yolo9-t, resnet18
     # Where a size's published recipe differs from the family's: {"t": {"mixup": 0.0}}.
     size_defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Another family whose recipe this one starts from (RT-DETRv4 trains DEIM's): its defaults
-    # come first, then this family's own, then the size's. A registry name, resolved when asked.
+    # Another family whose recipe this one starts from (RT-DETRv4 trains DEIM's): its family
+    # defaults come first, then this family's own, then the size's. The parent's size_defaults are
+    # not inherited (sizes are this family's). A registry name, resolved when asked.
     inherits: str = ""
     # The sub-module that trains at `backbone_lr x lr0` (DETR recipes give the backbone a lower
     # learning rate); None: one learning rate for the whole model.

@@ -23,7 +23,7 @@ class Key:
 KEYS: dict[str, Key] = {
     "source": Key(str, None, "image file, folder, glob ('imgs/*.jpg') or video file"),
     "conf": Key(float, 0.25, "keep detections scoring above this"),
-    "iou": Key(float, 0.7, "NMS IoU threshold (class-aware)"),
+    "iou": Key(float, 0.7, "NMS IoU threshold (class-aware; the DETRs have no NMS: top max_det scores)"),
     "imgsz": Key(int, None, "network input size (default: the checkpoint's training size)"),
     "max_det": Key(int, 300, "maximum detections per image"),
     "batch": Key(int, 1, "images per forward (larger: more images/s, more latency)"),

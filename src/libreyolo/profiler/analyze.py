@@ -23,7 +23,8 @@ union of the kernels those steps launched, U = B / W the utilisation and I = W -
    (100 us) is what launching costs: an eager op is ~5-30 us of Python, dispatcher and
    cudaLaunchKernel, so a sub-100 us gap is a few launches back to back. Longer gaps mean the CPU
    did something else (Python logic, a CPU-side assigner, allocator work, waiting on a sync).
-   `host-bound` when host syncs per step >= HOST_SYNCS_PER_STEP (1.0) or long-gap idle exceeds
+   `host-bound` when host syncs per step >= HOST_SYNCS_PER_STEP (1.0; the syncs a model makes by
+   design, `model.host_syncs`, not counted) or long-gap idle exceeds
    short-gap idle. The step is meant to be sync-free (the loop reads losses back once per
    `log_interval`, 0.1 per step by default); a sync every step means the step waits on the GPU,
    which also keeps CUDA graphs from capturing it. `launch-bound` otherwise.
@@ -287,8 +288,10 @@ def verdict(f: dict) -> dict:
 
     `f` keys: cuda, utilisation, step_ms, data_ms, idle_data_ms, idle_short_ms, idle_long_ms,
     syncs_per_step, kernels_per_step, kernel_median_us, host_phases [(name, ms)], workers, precision;
-    optional: graphed, mode ("train" when absent, or "infer") and, for "infer",
-    postprocess_syncs_per_step.
+    optional: graphed, mode ("train" when absent, or "infer"), for "infer"
+    postprocess_syncs_per_step, and designed_syncs_per_step (the syncs a training step makes by
+    design, `model.host_syncs`: the DETRs' denoising count and matcher), which, like the
+    postprocess syncs, do not count towards HOST_SYNCS_PER_STEP.
     """
     infer = f.get("mode") == "infer"
     util, data_share = f["utilisation"], f["data_ms"] / max(f["step_ms"], 1e-9)
@@ -320,7 +323,8 @@ def verdict(f: dict) -> dict:
         return {"name": "dataloader-bound", "reason": wait, "lever": data_lever}
     top = ", ".join(f"{n} {ms:.1f} ms" for n, ms in f["host_phases"][:3])
     post = f.get("postprocess_syncs_per_step", 0.0)  # inference's syncs by design (module docstring)
-    syncs = f["syncs_per_step"] - post
+    designed = f.get("designed_syncs_per_step", 0.0)  # a training step's by design (model.host_syncs)
+    syncs = f["syncs_per_step"] - post - designed
     if infer and (syncs >= HOST_SYNCS_PER_STEP or f["idle_long_ms"] > f["idle_short_ms"]):
         reason = (f"GPU idle {1 - util:.0%} of the step while the CPU does other work: {syncs:.1f} host syncs per "
                   f"step outside postprocess ({post:.1f} in it: NMS and the copy of the results); top host "
@@ -332,7 +336,9 @@ def verdict(f: dict) -> dict:
     if syncs >= HOST_SYNCS_PER_STEP or f["idle_long_ms"] > f["idle_short_ms"]:
         return {"name": "host-bound",
                 "reason": (f"GPU idle {1 - util:.0%} of the step while the CPU does other work: "
-                           f"{f['syncs_per_step']:.1f} host syncs per step; top host phases: {top}"),
+                           f"{f['syncs_per_step']:.1f} host syncs per step"
+                           + (f" ({designed:g} of them the model's by design)" if designed else "")
+                           + f"; top host phases: {top}"),
                 "lever": "fix the code path (host syncs, CPU work in those phases); CUDA graphs help little"}
     reason = (f"GPU busy {util:.0%}: idle between {f['kernels_per_step']:.0f} kernels per step "
               f"(median {f['kernel_median_us']:.0f} us) while the CPU launches them")
@@ -373,7 +379,8 @@ def _fill_first_half(first: list[dict], events: list[dict], syncs: list[float], 
 
 
 def analyse_first_half(steps: list[dict], events: list[dict], syncs: list[float], cuda: bool,
-                       workers: int, precision: str, graphed: bool = False, mode: str = "train") -> dict:
+                       workers: int, precision: str, graphed: bool = False, mode: str = "train",
+                       designed_syncs: float = 0.0) -> dict:
     """The window's utilisation, idle split and verdict from the unsynchronised half (per-step
     figures are filled into `steps` too). `graphed`: the window's steps replayed a CUDA graph;
     `mode`: "train" or "infer" (the step that was measured)."""
@@ -394,14 +401,14 @@ def analyse_first_half(steps: list[dict], events: list[dict], syncs: list[float]
          "idle_long_ms": long / 1e3 / n, "syncs_per_step": sum(s["syncs"] for s in first) / n,
          "kernels_per_step": len(durs) / n, "kernel_median_us": stats(durs)["median"] or 0.0,
          "host_phases": sorted(host.items(), key=lambda kv: -kv[1]), "workers": workers, "precision": precision,
-         "graphed": graphed, "mode": mode}
+         "graphed": graphed, "mode": mode, "designed_syncs_per_step": designed_syncs}
     out = {"basis": "kernel busy / unsynchronised step time" if cuda else "(step - data wait) / step time",
            "utilisation": f["utilisation"], "busy_ms": busy / n, "data_ms": data / n,
            "data_frac": data / max(wall, 1e-9), "step_ms": stats(s["wall_ms"] for s in first),
            "idle_data_ms": f["idle_data_ms"], "idle_short_gap_ms": f["idle_short_ms"],
            "idle_long_gap_ms": f["idle_long_ms"], "syncs_per_step": f["syncs_per_step"],
            "kernels_per_step": f["kernels_per_step"], "kernel_median_us": f["kernel_median_us"],
-           "host_phases_ms": dict(f["host_phases"])}
+           "host_phases_ms": dict(f["host_phases"]), "designed_syncs_per_step": designed_syncs}
     if mode == "infer":
         post = [(p["ts"], p["host_end"]) for s in first for p in s["phases"] if p["name"] == "postprocess"]
         out["postprocess_syncs_per_step"] = f["postprocess_syncs_per_step"] = sum(in_spans(syncs, post)) / n

@@ -27,7 +27,10 @@ SPEC = FamilySpec(
     #   4-64), multi-scale as D-FINE s (base_size_repeat 20);
     # - loss weights mal 1 (gamma 1.5), bbox 5, giou 2, fgl 0.15, ddf 1.5;
     # - amp False: upstream trains with use_amp True; see dfine/spec.py.
-    # Not expressible: warmup 2000 iterations, mosaic/mixup only in epochs 4-64, the 132 epochs.
+    # Not expressible: warmup 2000 iterations (quadratic), mosaic/mixup only in epochs 4-64, the
+    # 132 epochs; FlatCosine reaching its floor at epoch 120 (total - no_aug) and holding it for
+    # the last 12 (ours runs the cosine to the end); the backbone's norms at the full lr with decay
+    # (upstream's regex groups; ours: backbone_lr, and no decay on any norm).
     defaults={"optimizer": "adamw", "lr0": 0.0004, "backbone_lr": 0.5, "lr_schedule": "flat_cosine",
               "lr_flat": 0.485, "lrf": 0.5, "momentum": 0.9, "weight_decay": 0.0001,
               "warmup_bias_lr": 0.0, "warmup_momentum": 0.9, "clip_grad": 0.1, "ema": True, "nbs": 32,

@@ -6,6 +6,7 @@ in families/base.py)."""
 # Host synchronisations of one DETR training step on CUDA, the only ones it makes (the GPU test
 # counts them with torch's sync debug mode): the denoising group count reads the batch's largest
 # box count (denoise.max_boxes), and torch-linear-assignment checks its input twice (a NaN/-inf
-# read and an infeasibility read) before and after its one batched solve (matcher.py). With
-# SciPy (no Triton) the solve's device->host copy is the one sync instead of those two.
+# read and an infeasibility read) before and after its one batched solve (matcher.py). This is
+# the default (Triton, compute capability >= 8); with SciPy the solve's copies to the host and
+# back are the syncs instead of those two (benchmarks/assign_bench.py counted 2 for them).
 STEP_HOST_SYNCS = 3

@@ -71,7 +71,7 @@ class RepConv(nn.Module):
         self.conv3.fuse_()  # each branch folds its own BN first (a no-op if already done)
         self.conv1.fuse_()
         c3, c1 = self.conv3.conv, self.conv1.conv
-        conv = nn.Conv2d(c3.in_channels, c3.out_channels, 3, 1, 1, bias=True).to(c3.weight.device)
+        conv = nn.Conv2d(c3.in_channels, c3.out_channels, 3, 1, 1, bias=True).to(c3.weight)  # device and dtype
         conv.weight.copy_(c3.weight + F.pad(c1.weight, (1, 1, 1, 1)))
         conv.bias.copy_(c3.bias + c1.bias)
         self.fused = conv

@@ -41,7 +41,9 @@ SPEC = FamilySpec(
     #   clamps activations to +-65504, the largest finite float16, before the last norm of every
     #   layer (decoder.py), a float16 guard that float32 never needs. Upstream's own configs
     #   train with use_amp True (include/optimizer.yml); `amp=true` is the user's choice.
-    # Not expressible: 500-iteration warmup, the epoch count (132; left to the user).
+    # Not expressible: 500-iteration warmup, the epoch count (132; left to the user); the
+    # backbone's norms at the full lr with decay (upstream's regex groups; ours: backbone_lr, and
+    # no decay on any norm).
     defaults={"optimizer": "adamw", "lr0": 0.0002, "backbone_lr": 0.5, "lrf": 1.0, "momentum": 0.9,
               "weight_decay": 0.0001, "warmup_bias_lr": 0.0, "warmup_momentum": 0.9, "clip_grad": 0.1,
               "ema": True, "nbs": 32, "mosaic": 0.0, "mixup": 0.0, "no_aug_epochs": 12,

@@ -250,8 +250,9 @@ class RTDETRDecoder(nn.Module):
         shapes = [(int(f.shape[2]), int(f.shape[3])) for f in feats]
         memory = torch.cat([f.flatten(2).transpose(1, 2) for f in feats], 1)  # [B, A, 256]
         anchors, valid = self.anchors(shapes, memory)
-        memory = memory * valid.to(memory.dtype)
-        out_memory = self.enc_output(memory)
+        # The proposals see invalid (border) cells as zeros; the decoder's cross-attention samples
+        # the unmasked memory (upstream masks inside _get_decoder_input only).
+        out_memory = self.enc_output(memory * valid.to(memory.dtype))
         enc_logits_all = self.enc_score_head(out_memory)
         enc_coord_all = self.enc_bbox_head(out_memory) + anchors
         index = topk_cells(enc_logits_all, self.num_queries)  # [B, Q]; fewer cells than 300: all
