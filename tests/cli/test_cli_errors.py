@@ -35,6 +35,23 @@ CASES = [
 ]
 
 
+@pytest.fixture
+def inproc(capsys, tmp_path, monkeypatch):
+    """Like the `cli` fixture, through the command's entry point in this process (cwd tmp_path):
+    no interpreter start-up per call (the real process: test_bad_input_matrix.py's wiring test)."""
+    from types import SimpleNamespace
+
+    from testkit import run_in_process
+
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str):
+        code, out, err = run_in_process(list(args), capsys)
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return run
+
+
 @pytest.mark.parametrize("args,message", CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capfd, args, message):
     # The command's entry point in this process (a real process: test_bad_input_matrix.py's
@@ -52,19 +69,19 @@ def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capfd, args, messag
     assert not (tmp_path / "runs").exists(), "nothing may be written for a bad command"
 
 
-def test_corrupt_checkpoint_is_one_line(cli, tmp_path):
+def test_corrupt_checkpoint_is_one_line(inproc, tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"this is not a checkpoint")
-    result = cli("train", "model=bad.pt", "data=shapes")
+    result = inproc("train", "model=bad.pt", "data=shapes")
     assert result.returncode == 2
     assert result.stderr.startswith("error: 'bad.pt' is not a")
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_foreign_checkpoint_is_one_line(cli, tmp_path):
+def test_foreign_checkpoint_is_one_line(inproc, tmp_path):
     import torch
 
     torch.save({"state_dict": {"w": torch.zeros(2)}}, tmp_path / "other.pt")
-    result = cli("val", "model=other.pt", "data=shapes")
+    result = inproc("val", "model=other.pt", "data=shapes")
     assert result.returncode == 2
     assert "not a LibreYOLO checkpoint (foreign file)" in result.stderr
 
@@ -75,16 +92,16 @@ def test_debug_shows_traceback(cli):
     assert "Traceback" in result.stderr
 
 
-def test_cfg_lists_every_key(cli):
+def test_cfg_lists_every_key(inproc):
     from libreyolo.config import FIELDS
 
-    result = cli("cfg")
+    result = inproc("cfg")
     assert result.returncode == 0
     header, *lines = result.stdout.splitlines()
     assert header.split() == ["key", "default", "type", "meaning"]  # the columns are named
     assert [line.split()[0] for line in lines] == list(FIELDS)
     assert any(line.split()[:3] == ["epochs", "100", "int"] for line in lines)
-    assert cli("cfg", "model=yolox-t").stdout.splitlines()[0].split() == ["key", "default", "type", "source",
+    assert inproc("cfg", "model=yolox-t").stdout.splitlines()[0].split() == ["key", "default", "type", "source",
                                                                           "meaning"]
 
 
@@ -111,28 +128,28 @@ def test_val_help_lists_every_key_it_accepts(cli):
     assert {"project", "name", "exist_ok"}.isdisjoint(VAL_KEYS)  # val writes no run directory
 
 
-def test_cfg_json_parses(cli):
+def test_cfg_json_parses(inproc):
     import json
 
-    rows = json.loads(cli("cfg", "--json").stdout)
+    rows = json.loads(inproc("cfg", "--json").stdout)
     by_key = {r["key"]: r for r in rows}
     assert by_key["amp_dtype"]["type"] == "float16|bfloat16"
     assert by_key["cache"]["type"] == "false|ram|disk"
     assert all(r["doc"] for r in rows)
 
 
-def test_cfg_of_a_model_shows_its_defaults_and_where_they_come_from(cli):
+def test_cfg_of_a_model_shows_its_defaults_and_where_they_come_from(inproc):
     import json
 
-    rows = {r["key"]: r for r in json.loads(cli("cfg", "model=yolox-t", "--json").stdout)}
+    rows = {r["key"]: r for r in json.loads(inproc("cfg", "model=yolox-t", "--json").stdout)}
     assert (rows["mixup"]["default"], rows["mixup"]["source"]) == ("0.0", "yolox-t")   # the tiny recipe
     assert (rows["box"]["default"], rows["box"]["source"]) == ("5.0", "yolox")         # the family's
     assert (rows["epochs"]["default"], rows["epochs"]["source"]) == ("100", "base")
-    text = cli("cfg", "LibreYOLOXs.pt").stdout  # an official weights name: parsed, never downloaded
+    text = inproc("cfg", "LibreYOLOXs.pt").stdout  # an official weights name: parsed, never downloaded
     assert any(line.split()[:4] == ["mixup", "1.0", "float", "yolox"] for line in text.splitlines())
-    bad = cli("cfg", "yolox-q")
+    bad = inproc("cfg", "yolox-q")
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown model 'yolox-q'") and not bad.stdout
-    both = cli("cfg", "yolox-t", "--markdown")
+    both = inproc("cfg", "yolox-t", "--markdown")
     assert both.returncode == 2 and "leave out the model" in both.stderr
 
 

@@ -64,8 +64,10 @@ def test_train_two_epochs_then_val(cli, tmp_path):
     at64 = cli("val", f"model={out['best']}", "imgsz=64", "batch=8", "device=cpu", "workers=0")
     assert at64.returncode == 0 and "imgsz 64 (as given)" in at64.stderr, at64.stderr
 
-    # A second run gets a fresh directory.
-    again = cli("train", *FAST, "epochs=1", "val=false")
+    # A second run gets a fresh directory (two steps on a 16-image subset).
+    (tmp_path / "sub").mkdir()
+    subset = [a for a in FAST if not a.startswith("data=")] + [f"data={shapes_subset(tmp_path / 'sub', 16)}"]
+    again = cli("train", *subset, "epochs=1", "val=false")
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "runs" / "train" / "exp2" / "weights" / "last.pt").is_file()
     assert again.stdout.strip().endswith("exp2/weights/last.pt")
