@@ -37,7 +37,10 @@
 #   assign           the Hungarian solvers at 8 images x 1-7 output sets x 10-100 targets x 300 queries
 #                    (benchmarks/assign_bench.py)
 #   train-detr       every DETR (DETR_MODELS) from scratch on the 800/100 generated set at DETR_IMGSZ
-#                    (default 320), DETR_EPOCHS (default 12) epochs, batch 16, graphed, multi_scale off
+#                    (default 320), DETR_EPOCHS (default 12) epochs, batch 16, graphed, multi_scale off;
+#                    DETR_PARALLEL=1 trains them side by side on the one GPU (their steps are
+#                    host-bound, so this takes about the time of one; wall times are then shared),
+#                    DETR_WORKERS loader workers each (default 8)
 #   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, 100 epochs
 #   train-yolox      YOLOX-t from scratch on shapes at 640, float16, graphed (capture invalidated
 #                    and re-taken when the L1 branch turns on at no_aug_epochs)
@@ -59,8 +62,11 @@
 # REPEAT=N runs every bench arm N times (arms interleaved) and records the run-to-run spread.
 #
 # Missing packages travel as wheels (see the device tool's README): .whl/base/ (faster-coco-eval,
-# plotly, holistictraceanalysis + pydot) goes on our PYTHONPATH; .whl/peer/ (the peer trainer,
-# ultralytics, and what it needs) into its own folder that only the peer's runs see. Each arm of
+# plotly, torch-linear-assignment; the machine has SciPy and timm) goes on our PYTHONPATH;
+# .whl/peer/ (the peer trainer, ultralytics, and what it needs) into its own folder that only the
+# peer's runs see. A DIR may also hold NAME.tar.xz: an unpacked wheel's files, unpacked into the
+# same folder. polars' runtime travels that way (33 MB in xz against 54 MB as a wheel), so the
+# peer's packages and ours fit one call's 64 MiB. Each arm of
 # `bench step` is its own process; its record carries `stage_seconds` so a slow arm shows where
 # its time went.
 set -uo pipefail
@@ -69,11 +75,14 @@ out=${OUT:-gpu-results}
 mkdir -p "$out"
 gpu=${CUDA_VISIBLE_DEVICES:-all}
 install_wheels() {  # install_wheels DIR TARGET: once per machine; a second lane waits for the first
-  ls "$1"/*.whl >/dev/null 2>&1 || return 0
+  [ -n "$(ls "$1"/*.whl "$1"/*.tar.xz 2>/dev/null)" ] || return 0
   [ -e "$2/.done" ] && return 0
   mkdir -p "$2"
   if mkdir "$2/.lock" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" "$1"/*.whl || exit 1
+    if ls "$1"/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" "$1"/*.whl || exit 1
+    fi
+    for t in "$1"/*.tar.xz; do [ -e "$t" ] && { tar xJf "$t" -C "$2" || exit 1; }; done
     touch "$2/.done"
   else
     while [ ! -e "$2/.done" ]; do sleep 1; done
@@ -87,7 +96,8 @@ chmod +x /tmp/peer-python
 export PYTHONPATH=$PWD/src:/tmp/site BASE_SRC=${BASE_SRC:+$(realpath "$BASE_SRC")}
 export LIBREYOLO_CACHE=${LIBREYOLO_CACHE:-/tmp/libreyolo-cache} PYTHONUNBUFFERED=1
 # Both lanes need the dataset: generation is atomic, so a race only wastes a second.
-python3 -c "from libreyolo.data import load_data_config; load_data_config('shapes')" || exit 1
+# Validation needs faster-coco-eval: a run that cannot import it fails only at its last epoch.
+python3 -c "import faster_coco_eval; from libreyolo.data import load_data_config; load_data_config('shapes')" || exit 1
 
 runs=/tmp/runs-gpu$gpu
 matrix() {  # matrix NAME ARGS...: bench step over models x batches, JSON after each pair
@@ -176,8 +186,10 @@ stage_run() {
 from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 100))")
       for m in ${DETR_MODELS:-$detrs}; do
         DATA=$data train "detr_$m" model="$m" imgsz=${DETR_IMGSZ:-320} batch=16 nbs=16 epochs=${DETR_EPOCHS:-12} \
-          workers=8 eval_interval=${DETR_EPOCHS:-12} cuda_graph=true multi_scale=false
-      done ;;
+          workers=${DETR_WORKERS:-8} eval_interval=${DETR_EPOCHS:-12} cuda_graph=true multi_scale=false &
+        [ -n "${DETR_PARALLEL:-}" ] || wait
+      done
+      wait ;;
     train-yolo9)
       train yolo9t_640 model=yolo9-t imgsz=640 batch=16 nbs=16 epochs=100 workers=8 eval_interval=10 amp_dtype=float16 ;;
     train-yolox)
