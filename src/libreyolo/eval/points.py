@@ -22,7 +22,8 @@ the image side and any number of predictions per centroid; we count a duplicate 
 positive, and measure the distance in pixels (the `point_dist` key, docs/points.md).
 
 Ground truth is the batch's boxes (letterboxed network pixels, families.base.Targets) turned into
-centroids on the device: detection datasets validate point detectors unchanged.
+centroids on the device (tasks/points.py `box_centroids`): detection datasets validate point
+detectors unchanged.
 """
 
 from __future__ import annotations
@@ -35,10 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..logs import progress_bar
-
-# The task's prediction is one cell per 8 x 8 input pixels (TaskSpec.predicts): FOMO's cut of
-# MobileNetV2 at stride 8 (families/fomo/net.py).
-GRID_STRIDE = 8
+from ..tasks.points import GRID_STRIDE, box_centroids
 
 
 class Points(NamedTuple):
@@ -48,11 +46,6 @@ class Points(NamedTuple):
     cls: Tensor    # int64 [N]
     xy: Tensor     # float32 [N, 2], network-input pixels
     score: Tensor  # float32 [N]
-
-
-def box_centroids(boxes: Tensor) -> Tensor:
-    """xyxy boxes [..., 4] -> their centres [..., 2]: a box label's point."""
-    return (boxes[..., :2] + boxes[..., 2:]) * 0.5
 
 
 def components(mask: Tensor) -> Tensor:

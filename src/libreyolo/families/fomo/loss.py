@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...eval.points import box_centroids
+from ...tasks.points import box_centroids
 from ..base import Targets
 from ..common import PerImageLoss
 

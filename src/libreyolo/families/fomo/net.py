@@ -35,7 +35,7 @@ import math
 import torch
 from torch import nn
 
-from ...eval.points import GRID_STRIDE
+from ...tasks.points import GRID_STRIDE
 from ..common import YOLOStyleModel, build_model
 
 WIDTHS = {"035": 0.35}
