@@ -50,6 +50,12 @@ def test_fomo_trains_two_epochs_then_val_and_predict(tmp_path, monkeypatch, caps
         assert set(p) == {"point", "score", "class", "name"} and 0 <= p["point"][0] <= answer["width"]
         assert p["score"] > 0.01
 
+    from libreyolo import LibreYOLO
+
+    [r] = LibreYOLO(result["best"]).predict(str(source), conf=0.01, device="cpu")
+    assert r.task == "points" and len(r) == len(answer["points"])
+    assert r.points.flatten().tolist() == pytest.approx([v for p in answer["points"] for v in p["point"]], abs=0.01)
+
 
 def _files(root: Path) -> set:
     return {p for p in root.rglob("*") if ".cache" not in p.parts}

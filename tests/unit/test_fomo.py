@@ -44,6 +44,23 @@ def test_parameters_and_cut_point_as_edge_impulse_builds_them(classes):
     assert model.forward_train(out, None) is out  # nothing eager after the captured region
 
 
+def _keras_divisible(v, divisor=8):
+    """Keras applications' MobileNetV2 `_make_divisible`, as written there."""
+    new = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return new + divisor if new < 0.9 * v else new
+
+
+def test_torchvision_rounds_the_channels_as_keras_does():
+    """Keras: the stem `_make_divisible(32 alpha)`, each block `_make_divisible(int(c alpha))` of its
+    published width c, the expansion 6 x its input; torchvision's trunk must have the same widths."""
+    alpha, widths = 0.35, (16, 24, 24, 32, 32, 32)
+    keras = [_keras_divisible(32 * alpha)] + [_keras_divisible(int(c * alpha)) for c in widths]
+    trunk = SPEC.build("035", 1).net.trunk
+    ours = [trunk[0].out_channels] + [block.out_channels for block in trunk[1:7]]
+    assert ours == keras == [16, 8, 8, 8, 16, 16, 16]
+    assert trunk[7].out_channels == 6 * keras[-1] == 96  # block_6_expand
+
+
 def test_predict_is_the_softmax_map_and_starts_at_the_prior():
     model = SPEC.build("035", 4).eval()
     with torch.no_grad():
