@@ -40,19 +40,23 @@ def test_fomo_trains_two_epochs_then_val_and_predict(tmp_path, monkeypatch, caps
     assert ["class", "images", "instances", "P", "R", "F1"] in table and any(ln[:2] == ["all", "4"] for ln in table)
 
     source = Path((tmp_path / "val.txt").read_text().splitlines()[0])
-    code, out, err = run_in_process(["predict", f"model={result['best']}", f"source={source}", "device=cpu", "conf=0.01",
+    # conf=0 after four steps: every cell of every class is on, so each class is one blob over the
+    # whole canvas, one point per class at the canvas centre (the image centre, to a network pixel).
+    code, out, err = run_in_process(["predict", f"model={result['best']}", f"source={source}", "device=cpu", "conf=0",
                                      f"project={tmp_path / 'pred'}", "--json"], capsys)
     assert code == 0, err
     [line] = out.splitlines()
     answer = json.loads(line)
     assert answer["task"] == "points" and "detections" not in answer and Path(answer["saved"]).is_file()
+    assert sorted(p["class"] for p in answer["points"]) == list(range(10))
+    px = max(answer["width"], answer["height"]) / 64  # one network pixel in the image
     for p in answer["points"]:
-        assert set(p) == {"point", "score", "class", "name"} and 0 <= p["point"][0] <= answer["width"]
-        assert p["score"] > 0.01
+        assert set(p) == {"point", "score", "class", "name"} and p["score"] > 0
+        assert abs(p["point"][0] - answer["width"] / 2) <= px and abs(p["point"][1] - answer["height"] / 2) <= px
 
     from libreyolo import LibreYOLO
 
-    [r] = LibreYOLO(result["best"]).predict(str(source), conf=0.01, device="cpu")
+    [r] = LibreYOLO(result["best"]).predict(str(source), conf=0.0, device="cpu")
     assert r.task == "points" and len(r) == len(answer["points"])
     assert r.points.flatten().tolist() == pytest.approx([v for p in answer["points"] for v in p["point"]], abs=0.01)
 
