@@ -17,10 +17,11 @@ from typing import Any, Literal, Union
 from .errors import ConfigError
 
 
-def _key(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None,
+def _key(default: Any, doc: str, *, lo: float | None = None, hi: float | None = None, above: float | None = None,
          group: str = "train", val: bool = False) -> Any:
+    """`lo`/`hi`: inclusive bounds; `above`: an exclusive lower bound (a distance must be > 0)."""
     return field(default=default,
-                 metadata={"doc": doc, "lo": lo, "hi": hi, "group": group, "val": val})
+                 metadata={"doc": doc, "lo": lo, "hi": hi, "above": above, "group": group, "val": val})
 
 
 @dataclass
@@ -28,7 +29,7 @@ class TrainConfig:
     # --- what to train -------------------------------------------------------------------------
     model: Union[str, None] = _key(None, "weights file, official weights name (LibreYOLO9s.pt) or architecture (yolo9-t)", group="model", val=True)
     data: Union[str, None] = _key(None, "dataset: built-in name (shapes, coco128; shapes-cls for classifiers), a dataset yaml, or a folder with train/<class>/ and val/<class>/ (classifiers)", group="model", val=True)
-    task: Union[Literal["detect", "classify"], None] = _key(None, "task to train: detect or classify (default: the model's first task; `libreyolo cfg MODEL` shows it)", group="model")
+    task: Union[Literal["detect", "classify", "points"], None] = _key(None, "task to train: detect, classify or points (default: the model's first task; `libreyolo cfg MODEL` shows it)", group="model")
     # --- loop ----------------------------------------------------------------------------------
     epochs: int = _key(100, "number of training epochs", lo=1, hi=100_000)
     batch: int = _key(16, "images per batch; under multi-GPU training the global batch, split evenly across the processes", lo=1, val=True)
@@ -59,6 +60,7 @@ class TrainConfig:
     cls: float = _key(0.5, "classification loss gain", lo=0.0, group="optim")
     dfl: float = _key(1.5, "distribution focal loss gain", lo=0.0, group="optim")
     label_smoothing: float = _key(0.0, "classify: cross-entropy label smoothing", lo=0.0, hi=0.99, group="optim")
+    object_weight: float = _key(100.0, "points (FOMO): loss weight of an object cell's positive term against background's 1", lo=0.0, group="optim")
     # --- augmentation --------------------------------------------------------------------------
     mosaic: float = _key(1.0, "probability of a 4-image mosaic", lo=0.0, hi=1.0, group="augment")
     mixup: float = _key(0.0, "probability of mixup", lo=0.0, hi=1.0, group="augment")
@@ -93,6 +95,7 @@ class TrainConfig:
     conf: float = _key(0.001, "validation confidence threshold", lo=0.0, hi=1.0, group="val", val=True)
     iou: float = _key(0.7, "validation NMS IoU threshold", lo=0.0, hi=1.0, group="val", val=True)
     max_det: int = _key(300, "maximum detections per image", lo=1, group="val", val=True)
+    point_dist: float = _key(8.0, "points: a predicted point is a true positive within this many pixels of the network input (imgsz) of a ground-truth centre of its class; 8 = one FOMO cell", above=0.0, group="val", val=True)
     # --- output --------------------------------------------------------------------------------
     project: str = _key("runs/train", "parent directory of run directories", group="output")
     name: str = _key("exp", "run directory name (exp, exp2, ... unless exist_ok)", group="output")
@@ -193,9 +196,9 @@ def check_value(key: str, value: Any) -> Any:
     value = _check_type(key, value, _HINTS[key])
     meta = FIELDS[key].metadata
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        lo, hi = meta["lo"], meta["hi"]
-        if lo is not None and value < lo or hi is not None and value > hi:
-            span = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        lo, hi, above = meta["lo"], meta["hi"], meta["above"]
+        if lo is not None and value < lo or hi is not None and value > hi or above is not None and value <= above:
+            span = f"> {above}" if above is not None else f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
             raise ConfigError(f"bad value for '{key}': {value!r} (allowed: {describe_type(_HINTS[key])} {span})")
     problem = _SHAPE_CHECKS[key](value) if key in _SHAPE_CHECKS and isinstance(value, str) else None
     if problem:

@@ -8,7 +8,8 @@ The file computes `model.predict(images)`, the decode included, and nothing more
   to short side round(S / 0.875) and centre-cropped to S x S;
 - output `output`: detection [B, N, 4 + nc], boxes xyxy in input pixels, then per-class scores in
   [0, 1], one row per anchor (N = the sum over strides s of (S / s)^2; a DETR: one row per query,
-  N = min(300, that sum)); classification [B, nc] probabilities (softmax).
+  N = min(300, that sum)); classification [B, nc] probabilities (softmax); point detection
+  [B, 1 + nc, S / 8, S / 8] per-cell probabilities (softmax, background first).
 No family has NMS in its network and none is added to the file: detections are class-aware NMS
 over the per-class scores, as `eval.postprocess.postprocess` and predict do it: each row keeps its
 best class if that score passes `conf` (predict: 0.25), NMS per class at IoU 0.7
@@ -80,6 +81,9 @@ TASK_NOTES = {
                "(docs/export.md)"),
     "classify": ("short side resized to round(S / 0.875), centre crop S x S",
                  "the output is probabilities: the argmax is the class"),
+    "points": ("long side resized to S, centred on an S x S canvas of grey 114/255 (letterbox)",
+               "per-cell probabilities, background first: a cell above conf (0.5) is a point of its class, "
+               "8-connected cells of a class one point at their cells' centre (docs/points.md)"),
 }
 END_TO_END_NOTE = ("no NMS needed (one row per query): the best max_det (query, class) scores above conf "
                    "(docs/export.md)")

@@ -57,6 +57,10 @@ def test_graphed_predict_matches_eager_and_replays(arch, caplog):
             assert len(a) == len(b)
             torch.testing.assert_close(a.boxes, b.boxes, atol=1e-3, rtol=1e-4)
             torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
+        elif a.task == "points":  # conf 0: each class's cells are one blob, one point per class
+            assert len(a) == len(b)
+            torch.testing.assert_close(a.points, b.points, atol=1e-3, rtol=0)
+            torch.testing.assert_close(a.scores, b.scores, atol=5e-3, rtol=0)
         else:  # cuDNN autotuning may pick other algorithms for the two (TF32 rounding differs)
             torch.testing.assert_close(a.probs, b.probs, atol=5e-3, rtol=0)
 

@@ -85,17 +85,19 @@ def test_every_family_exports_to_onnx(family, tmp_path, capfd):
     meta = session.get_modelmeta().custom_metadata_map
     nc = task.default_classes
     assert meta["task"] == task.name and meta["family"] == family and meta["arch"] == arch
-    assert (meta["imgsz"], meta["stride"]) == ("64", "32") and json.loads(meta["names"]) == [f"class{i}" for i in range(nc)]
+    model = spec.build(spec.sizes[0], 1)
+    stride = max(getattr(model, "strides", (32,)))  # a classifier: the multiple its imgsz must be
+    assert (meta["imgsz"], meta["stride"]) == ("64", str(stride)) and json.loads(meta["names"]) == [f"class{i}" for i in range(nc)]
     assert "[0, 1]" in meta["input"] and meta["libreyolo"] and meta["postprocess"]
     n = 3 if dynamic else 1  # dynamic: a batch size the export did not check
     images = sample_images(task, 64, n)
     out = torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
     want = _reference(arch, images)
-    model = spec.build(spec.sizes[0], 1)
     cells = sum((64 // s) ** 2 for s in getattr(model, "strides", ()))
     rows = min(300, cells) if getattr(model, "end_to_end", False) else cells  # a DETR: one row per query
     assert ("no NMS needed" in meta["postprocess"]) == getattr(model, "end_to_end", False)
-    assert want.shape == ((n, rows, 4 + nc) if task.name == "detect" else (n, nc))
+    shapes = {"detect": (n, rows, 4 + nc), "classify": (n, nc), "points": (n, 1 + nc, 64 // stride, 64 // stride)}
+    assert want.shape == shapes[task.name]
     _assert_close(out, want)
 
 

@@ -98,6 +98,9 @@ def test_every_family_predicts_in_order_across_a_partial_last_batch(name):
         json.dumps(r.to_dict())  # a JSON line, whatever the task
         if r.task == "detect":
             assert len(r) > 0 and r.boxes.shape[1] == 4 and r.scores.dtype == torch.float32
+        elif r.task == "points":  # conf 0: each class's cells are one blob, one point per class
+            h, w = r.orig_shape
+            assert len(r) == 2 and r.points.shape[1] == 2 and (r.points <= torch.tensor([w, h])).all()
         else:
             assert r.probs.shape == (2,) and abs(float(r.probs.sum()) - 1) < 1e-5
 

@@ -169,7 +169,8 @@ def _val_help() -> str:
 
 Prints a per-class table on stderr and the headline metrics on stdout: for a detector images,
 instances, P, R, mAP50, mAP50-95 per class and `mAP50-95 ... mAP50 ...`; for a classifier images,
-top-1, top-5 per class and `top-1 ... top-5 ...`. A checkpoint validates at the image size it was trained at, on its training
+top-1, top-5 per class and `top-1 ... top-5 ...`; for a point detector images, instances, P, R, F1
+per class (a point within point_dist px of a box centre) and `F1 ... P ... R ...`. A checkpoint validates at the image size it was trained at, on its training
 dataset, unless imgsz= or data= say otherwise; a log line says which size and dataset it used.
 
 Keys (key=, default, meaning):
@@ -223,7 +224,8 @@ file (.mp4, .avi, .mov, .mkv, ...; needs PyAV: pip install 'libreyolo[video]'). 
 letterboxed exactly as val does, and boxes come back in original image pixels. stdout gets one
 line per image (`name: 3 detections (2 circle, 1 square)`), or with --json one JSON object per
 image: source, frame, width, height, task, then detections [{{box xyxy, score, class, name}}]
-(detectors) or class, name, prob and top [{{class, name, prob}}] (classifiers), and saved (the
+(detectors), points [{{point xy, score, class, name}}] (point detectors) or class, name, prob and
+top [{{class, name, prob}}] (classifiers), and saved (the
 annotated file) when save=true. Annotated images and videos go to project/name (runs/predict/exp,
 exp2, ...). Progress and logs go to stderr.
 

@@ -45,6 +45,19 @@ def classify_table(metrics: dict[str, Any]) -> tuple[list[str], list[list[str]]]
     return CLASSIFY_HEAD, rows
 
 
+POINTS_HEAD = ["class", "images", "instances", "P", "R", "F1"]
+
+
+def points_table(metrics: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Point detection's per-class table: (head, rows), the `all` row first."""
+    per_class = metrics.get("per_class") or []
+    rows = [["all", str(metrics.get("num_images", 0)), str(sum(r["instances"] for r in per_class)),
+             _f(metrics.get("precision")), _f(metrics.get("recall")), _f(metrics.get("f1"))]]
+    rows += [[r["class"], str(r["images"]), str(r["instances"]), _f(r["precision"]), _f(r["recall"]), _f(r["f1"])]
+             for r in per_class]
+    return POINTS_HEAD, rows
+
+
 def print_rows(head: list[str], rows: list[list[str]], title: str, file=None) -> None:
     """A rich table on a terminal, plain aligned columns in a log; the first row is the total."""
     from rich.console import Console

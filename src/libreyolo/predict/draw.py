@@ -2,8 +2,9 @@
 
 `annotate` draws a Result on a copy of its image: detection boxes with "name score" labels through
 torchvision.utils.draw_bounding_boxes (one colour per class id from a fixed palette, so a class
-keeps its colour across images and runs), or a classification's top classes as "name prob" lines
-in the top-left corner through PIL.ImageDraw. Both fonts are Pillow's default, which is embedded
+keeps its colour across images and runs), a point detector's points as dots of the class colour
+with the same labels beside them, or a classification's top classes as "name prob" lines in the
+top-left corner; the last two through PIL.ImageDraw. Both fonts are Pillow's default, which is embedded
 in Pillow itself: nothing is downloaded, drawing works offline.
 
 `Saver` writes what `annotate` returns under the run directory, which `predict_dir` names like
@@ -54,6 +55,8 @@ def annotate(image: torch.Tensor, result: Result, *, line_width: int | None = No
         return _draw_top_classes(img, result)
     if not len(result):
         return img.clone()
+    if result.points is not None:
+        return _draw_points(img, result)
     h, w = img.shape[-2:]
     lw = default_line_width(h, w) if line_width is None else line_width
     boxes = result.boxes.detach().float().cpu().clone()
@@ -65,6 +68,27 @@ def annotate(image: torch.Tensor, result: Result, *, line_width: int | None = No
     labels = [f"{result.label(c)} {s:.2f}" for c, s in zip(classes, scores)]
     colors = [PALETTE[c % len(PALETTE)] for c in classes]
     return draw_bounding_boxes(img, boxes[order], labels=labels, colors=colors, width=lw, fill_labels=True)
+
+
+def _draw_points(img: torch.Tensor, result: Result) -> torch.Tensor:
+    """A dot of the class colour (black rim) per point, "name score" on the class colour beside it;
+    the best point drawn last, on top."""
+    h, w = img.shape[-2:]
+    radius = max(2, round((h + w) / 2 * 0.008))  # 5 px for a 640 px image
+    font = _font(max(10, round(min(h, w) / 40)))
+    pil = TF.to_pil_image(img)  # a copy: the tensor is not drawn on
+    draw = ImageDraw.Draw(pil)
+    rows = zip(result.points.detach().float().cpu().tolist(), result.classes.cpu().tolist(),
+               result.scores.cpu().tolist())
+    for (x, y), c, s in reversed(list(rows)):
+        color = PALETTE[c % len(PALETTE)]
+        draw.ellipse((x - radius, y - radius, x + radius, y + radius), fill=color, outline=(0, 0, 0),
+                     width=max(1, radius // 3))
+        at, text = (x + radius + 2, y - radius), f"{result.label(c)} {s:.2f}"
+        left, top, right, bottom = draw.textbbox(at, text, font=font)
+        draw.rectangle((left - 1, top - 1, right + 1, bottom + 1), fill=color)
+        draw.text(at, text, fill=(0, 0, 0), font=font)
+    return TF.pil_to_tensor(pil)
 
 
 def _draw_top_classes(img: torch.Tensor, result: Result) -> torch.Tensor:

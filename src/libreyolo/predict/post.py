@@ -2,7 +2,8 @@
 
 `prepare_*` are the validation transforms themselves (data/dataset.py `inference_letterbox`,
 data/classify.py `center_crop_for_inference`), so val and predict see the same pixels.
-The task modules (tasks/detect.py, tasks/classify.py) point at these through `lazy()`.
+The task modules (tasks/detect.py, tasks/classify.py, tasks/points.py) point at these through
+`lazy()`; point detection prepares as detection does (the letterbox).
 """
 
 from __future__ import annotations
@@ -55,6 +56,28 @@ def detect_results(preds: Tensor, metas: Sequence[Any], frames: Sequence[Any], n
         rows = slice(start, start + n)
         out.append(Result(f.name, f.path, f.frame, tuple(f.image.shape[-2:]), names, "detect", boxes=boxes[rows],
                           scores=d[rows, 4].clone(), classes=d[rows, 5].long()))
+        start += n
+    return out
+
+
+def points_results(preds: Tensor, metas: Sequence[Any], frames: Sequence[Any], names: list[str],
+                   opts: PostOptions) -> list[Result]:
+    """Points per image in original pixels: the probability map's cells above conf, neighbouring
+    cells of a class merged (eval/points.decode_points, as validation), the best max_det per image,
+    then the letterbox undone."""
+    from ..eval.points import decode_points
+
+    pts = decode_points(preds, opts.conf)
+    counts = torch.bincount(pts.image, minlength=len(frames)).cpu()
+    cls, xy, score = (t.cpu() for t in pts[1:])  # one device -> host copy per batch
+    out, start = [], 0
+    for f, n, (ratio, (left, top)) in zip(frames, counts.tolist(), metas):
+        rows = slice(start, start + min(n, opts.max_det))  # best first within the image
+        h, w = f.image.shape[-2:]
+        point = (xy[rows] - torch.tensor([left, top], dtype=torch.float32)) / ratio
+        point = torch.minimum(point.clamp(min=0), torch.tensor([w, h], dtype=torch.float32))
+        out.append(Result(f.name, f.path, f.frame, (h, w), names, "points", points=point, scores=score[rows].clone(),
+                          classes=cls[rows].clone()))
         start += n
     return out
 

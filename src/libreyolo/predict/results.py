@@ -2,7 +2,7 @@
 
 A Result knows where its image came from (`name`, `path`, `frame`), the image's size and the
 model's class names, and holds the task's own output: boxes, scores and class ids for detection;
-the class probabilities for classification. `to_dict()` is the JSON line `predict --json` prints.
+the class probabilities for classification; points, scores and class ids for point detection. `to_dict()` is the JSON line `predict --json` prints.
 """
 
 from __future__ import annotations
@@ -23,14 +23,17 @@ class Result:
     frame: int | None               # the frame number in a video, None for a still image
     orig_shape: tuple[int, int]     # (height, width) of the image as read
     names: list[str]                # the model's class names, index = class id
-    task: str                       # "detect" | "classify"
+    task: str                       # "detect" | "classify" | "points"
     boxes: Tensor | None = None     # float32 [n, 4] xyxy, original pixels (detect)
-    scores: Tensor | None = None    # float32 [n], sorted decreasing (detect)
-    classes: Tensor | None = None   # int64 [n] (detect)
+    scores: Tensor | None = None    # float32 [n], sorted decreasing (detect, points)
+    classes: Tensor | None = None   # int64 [n] (detect, points)
     probs: Tensor | None = None     # float32 [num_classes] (classify)
+    points: Tensor | None = None    # float32 [n, 2] (x, y), original pixels (points)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
+        if self.points is not None:
+            return len(self.points)
         return len(self.boxes) if self.boxes is not None else (0 if self.probs is None else 1)
 
     @property
@@ -43,8 +46,9 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: source, frame, width, height, then `detections` [{box, score, class, name}]
-        (box xyxy in original pixels, rounded to 0.01 px) or `top` [{class, name, prob}] (best first)
-        with the top-1 `class`, `name` and `prob`."""
+        (box xyxy in original pixels, rounded to 0.01 px), `points` [{point, score, class, name}]
+        (point x, y likewise) or `top` [{class, name, prob}] (best first) with the top-1 `class`, `name`
+        and `prob`."""
         h, w = self.orig_shape
         out: dict[str, Any] = {"source": self.name, "frame": self.frame, "width": w, "height": h, "task": self.task}
         if self.probs is not None:
@@ -55,21 +59,24 @@ class Result:
             out.update(top[0] if top else {"class": None, "name": None, "prob": None})
             out["top"] = top
             return out
-        boxes = self.boxes.cpu().tolist() if self.boxes is not None else []
         scores = self.scores.cpu().tolist() if self.scores is not None else []
         classes = self.classes.cpu().tolist() if self.classes is not None else []
-        out["detections"] = [{"box": [round(v, 2) for v in b], "score": round(s, 5), "class": int(c),
-                              "name": self.label(int(c))} for b, s, c in zip(boxes, scores, classes)]
+        field, where = ("points", self.points) if self.points is not None else ("detections", self.boxes)
+        coords = where.cpu().tolist() if where is not None else []
+        key = "point" if field == "points" else "box"
+        out[field] = [{key: [round(v, 2) for v in b], "score": round(s, 5), "class": int(c),
+                       "name": self.label(int(c))} for b, s, c in zip(coords, scores, classes)]
         return out
 
     def summary(self) -> str:
-        """'3 detections (2 circle, 1 square)' / 'circle 0.97': one human line."""
+        """'3 detections (2 circle, 1 square)' / '3 points (...)' / 'circle 0.97': one human line."""
         if self.probs is not None:
             c = self.top1
             return f"{self.label(c)} {float(self.probs[c]):.2f}"
         n = len(self)
+        what = "point" if self.points is not None else "detection"
         if n == 0:
-            return "no detections"
+            return f"no {what}s"
         counts = torch.bincount(self.classes.cpu(), minlength=len(self.names)).tolist()
         parts = ", ".join(f"{k} {self.label(c)}" for c, k in enumerate(counts) if k)
-        return f"{n} detection{'s' if n != 1 else ''} ({parts})"
+        return f"{n} {what}{'s' if n != 1 else ''} ({parts})"
