@@ -41,6 +41,12 @@
 #                    DETR_PARALLEL=1 trains them side by side on the one GPU (their steps are
 #                    host-bound, so this takes about the time of one; wall times are then shared),
 #                    DETR_WORKERS loader workers each (default 8)
+#   bench-dense      bench step for the segmenters and FOMO: FOMO-0.35 at batch 8 and 32 in float32
+#                    (its recipe's precision), SegFormer-b0 and LingBot-Vision-s at batch 8 in float16,
+#                    each eager and graphed, at DENSE_IMGSZ (default: each family's own, 96 / 512 / 512)
+#   train-dense      SegFormer-b0 and LingBot-Vision-s from scratch on shapes-seg and FOMO-0.35 on
+#                    shapes, graphed, side by side on the one GPU, each its recipe's epochs unless
+#                    DENSE_EPOCHS is set, validated every 10: mIoU, F1
 #   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, 100 epochs
 #   train-yolox      YOLOX-t from scratch on shapes at 640, float16, graphed (capture invalidated
 #                    and re-taken when the L1 branch turns on at no_aug_epochs)
@@ -189,6 +195,19 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
           workers=${DETR_WORKERS:-8} eval_interval=${DETR_EPOCHS:-12} cuda_graph=true multi_scale=false &
         [ -n "${DETR_PARALLEL:-}" ] || wait
       done
+      wait ;;
+    bench-dense)
+      matrix step_fomo-035 --models fomo-035 --batches 8 32 --arms fp32,fp32+graph --imgsz ${DENSE_IMGSZ:-96}
+      matrix step_segformer-b0 --models segformer-b0 --batches 8 --arms float16,float16+graph \
+        --data shapes-seg --imgsz ${DENSE_IMGSZ:-512}
+      matrix step_lingbot-s --models lingbot-s --batches 8 --arms float16,float16+graph \
+        --data shapes-seg --imgsz ${DENSE_IMGSZ:-512}
+      cat "$out"/step_fomo-035.md "$out"/step_segformer-b0.md "$out"/step_lingbot-s.md ;;
+    train-dense)
+      e=${DENSE_EPOCHS:+epochs=$DENSE_EPOCHS}
+      DATA=shapes-seg train seg_segformer-b0 model=segformer-b0 $e eval_interval=10 workers=4 cuda_graph=true &
+      DATA=shapes-seg train seg_lingbot-s model=lingbot-s $e eval_interval=10 workers=4 cuda_graph=true &
+      DATA=shapes train points_fomo-035 model=fomo-035 $e eval_interval=10 workers=4 cuda_graph=true &
       wait ;;
     train-yolo9)
       train yolo9t_640 model=yolo9-t imgsz=640 batch=16 nbs=16 epochs=100 workers=8 eval_interval=10 amp_dtype=float16 ;;
