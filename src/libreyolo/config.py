@@ -28,7 +28,7 @@ class TrainConfig:
     # --- what to train -------------------------------------------------------------------------
     model: Union[str, None] = _key(None, "weights file, official weights name (LibreYOLO9s.pt) or architecture (yolo9-t)", group="model", val=True)
     data: Union[str, None] = _key(None, "dataset: built-in name (shapes, coco128; shapes-cls for classifiers), a dataset yaml, or a folder with train/<class>/ and val/<class>/ (classifiers)", group="model", val=True)
-    task: Union[Literal["detect", "classify"], None] = _key(None, "task to train: detect or classify (default: the model's first task; `libreyolo cfg MODEL` shows it)", group="model")
+    task: Union[Literal["detect", "classify", "segment"], None] = _key(None, "task to train: detect, classify or segment (default: the model's first task; `libreyolo cfg MODEL` shows it)", group="model")
     # --- loop ----------------------------------------------------------------------------------
     epochs: int = _key(100, "number of training epochs", lo=1, hi=100_000)
     batch: int = _key(16, "images per batch; under multi-GPU training the global batch, split evenly across the processes", lo=1, val=True)
@@ -59,6 +59,8 @@ class TrainConfig:
     cls: float = _key(0.5, "classification loss gain", lo=0.0, group="optim")
     dfl: float = _key(1.5, "distribution focal loss gain", lo=0.0, group="optim")
     label_smoothing: float = _key(0.0, "classify: cross-entropy label smoothing", lo=0.0, hi=0.99, group="optim")
+    ignore_index: int = _key(255, "segment: the mask value of unlabelled pixels (no loss, not scored; also the padding of crops)", lo=0, hi=65535, group="data", val=True)
+    reduce_zero_label: bool = _key(False, "segment: mask value 0 means 'unlabelled' (ADE20K's 'other'): it becomes ignore_index and every other id shifts down by 1", group="data", val=True)
     # --- augmentation --------------------------------------------------------------------------
     mosaic: float = _key(1.0, "probability of a 4-image mosaic", lo=0.0, hi=1.0, group="augment")
     mixup: float = _key(0.0, "probability of mixup", lo=0.0, hi=1.0, group="augment")
