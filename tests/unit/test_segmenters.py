@@ -22,8 +22,8 @@ SEGMENTERS = sorted(f for f, spec in REGISTRY.items() if "segment" in spec.tasks
 IGNORE = 255
 
 # (family, size) -> (exact parameters at ADE20K's 150 classes, the published figure). SegFormer-B0:
-# the paper's Table 1 / mmsegmentation's model zoo give 3.7-3.8 M; 3,752,694 is the authors' network
-# without the unused `conv_seg` their decode head also builds (19,350 parameters).
+# 3.7-3.8 M published (the paper's Table 1 rounds to 3.8 M); 3,752,694 is the authors' network without
+# the unused `conv_seg` their decode head also builds (19,350 parameters).
 PARAMS_150 = {("segformer", "b0"): (3_752_694, 3.7e6)}
 # family -> (output stride, AdamW lr, steps) of the overfit.
 OVERFIT = {"segformer": (4, 3e-3, 15)}
