@@ -124,8 +124,13 @@ def test_without_drop_path_graphed_equals_eager_to_float32_rounding(batches):
     saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:
-        _, _, eager_model, eager = _context(data.nc, stochastic=False, amp=False)
-        cfg, spec, model, graphed = _context(data.nc, stochastic=False, amp=False)
+        # SGD, not the recipe's AdamW: the bilinear upsampling's backward adds with atomics (its order
+        # differs run to run, eager or graphed), and AdamW's normalised step turns a rounding-size
+        # difference of a near-zero gradient into a full-size one. SGD's step is linear in the
+        # gradient, so what is compared stays rounding; the optimizer runs eager either way.
+        over = dict(stochastic=False, amp=False, optimizer="sgd", lr0=1e-3, momentum=0.9, backbone_lr=1.0)
+        _, _, eager_model, eager = _context(data.nc, **over)
+        cfg, spec, model, graphed = _context(data.nc, **over)
         manager = _graphed(graphed, cfg, spec, model)
         worst = 0.0
         for i, b in enumerate(bs[:12]):
