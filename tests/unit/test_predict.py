@@ -101,6 +101,8 @@ def test_every_family_predicts_in_order_across_a_partial_last_batch(name):
         elif r.task == "points":  # conf 0: each class's cells are one blob, one point per class
             h, w = r.orig_shape
             assert len(r) == 2 and r.points.shape[1] == 2 and (r.points <= torch.tensor([w, h])).all()
+        elif r.task == "segment":  # a class map at the image's own size
+            assert r.mask.shape == f.image.shape[-2:] and int(r.mask.max()) < 2
         else:
             assert r.probs.shape == (2,) and abs(float(r.probs.sum()) - 1) < 1e-5
 

@@ -38,7 +38,9 @@ def task_for(family, requested: str | None) -> TaskSpec:
 from .classify import SPEC as _CLASSIFY  # noqa: E402
 from .detect import SPEC as _DETECT  # noqa: E402
 from .points import SPEC as _POINTS  # noqa: E402
+from .segment import SPEC as _SEGMENT  # noqa: E402
 
 register(_DETECT)
 register(_CLASSIFY)
 register(_POINTS)
+register(_SEGMENT)
