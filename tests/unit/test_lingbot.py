@@ -19,8 +19,7 @@ HEAD_DIM = 64  # 384 / 6 heads
 
 def _rotated(vec: torch.Tensor, sin, cos, index: int) -> torch.Tensor:
     """`vec` [D] as the patch token at grid index `index` (no prefix), rotated."""
-    x = vec.expand(sin.shape[0], -1)[None, None]
-    return rotate(x, sin, cos, prefix=0)[0, 0, index]
+    return rotate(vec.expand(sin.shape[0], -1), sin, cos)[index]
 
 
 def test_rope_attention_logits_depend_only_on_the_offset():
@@ -72,10 +71,12 @@ def test_registers_follow_cls_and_rope_skips_them():
     assert torch.equal(tokens[:, 1:5], vit.registers.expand(2, -1, -1))
     patches = vit.patch_embed(images).flatten(2).transpose(1, 2)  # row-major
     assert torch.equal(tokens[:, 5:], patches)
-    sin, cos = rope_tables(h, w, HEAD_DIM)
+    sin, cos = rope_tables(h, w, HEAD_DIM, vit.prefix)
+    assert vit.prefix == 5 and sin.shape == (29, HEAD_DIM)
     x = torch.randn(2, 6, 29, HEAD_DIM)
-    turned = rotate(x, sin, cos, vit.prefix)
-    assert vit.prefix == 5 and torch.equal(turned[:, :, :5], x[:, :, :5])
+    turned = rotate(x, sin, cos)
+    assert torch.equal(turned[:, :, :5], x[:, :, :5])  # exactly: no position for CLS and registers
+    assert torch.equal(turned[:, :, 5:], rotate(x[:, :, 5:], *rope_tables(h, w, HEAD_DIM)))
     assert not torch.allclose(turned[:, :, 5:], x[:, :, 5:])
 
 

@@ -22,7 +22,9 @@ the captured CUDA graph draws no random numbers.
 
 The tables are built from the grid's shape with device-side `arange` (no host data, no sync), so a
 forward at a fixed input size has fixed shapes and is CUDA-graph capturable; the network builds
-them once per forward and shares them across its blocks.
+them once per forward and shares them across its blocks. Their first `prefix` rows are the
+identity (sin 0, cos 1): the CLS and register tokens, which have no position, come out unchanged
+(exactly: x * 1 + y * 0 = x), and every token goes through one rotation, no slicing per block.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ import torch
 BASE = 100.0  # pos_embed_rope_base
 
 
-def rope_tables(h: int, w: int, head_dim: int, device: torch.device | None = None,
+def rope_tables(h: int, w: int, head_dim: int, prefix: int = 0, device: torch.device | None = None,
                 base: float = BASE) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sin, cos), each float32 [h * w, head_dim], for the row-major patches of an h x w grid."""
+    """(sin, cos), each float32 [prefix + h * w, head_dim]: `prefix` identity rows, then the
+    row-major patches of an h x w grid."""
     if head_dim % 4:
         raise ValueError(f"axial RoPE needs a head dimension divisible by 4, got {head_dim}")
     n = head_dim // 4
@@ -46,13 +49,13 @@ def rope_tables(h: int, w: int, head_dim: int, device: torch.device | None = Non
     xs = (torch.arange(w, **f32) + 0.5) / w * 2.0 - 1.0
     coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).reshape(h * w, 2)
     angles = (2 * math.pi * coords[:, :, None] / periods).reshape(h * w, 2 * n).repeat(1, 2)
+    angles = torch.cat((torch.zeros(prefix, head_dim, **f32), angles))
     return angles.sin(), angles.cos()
 
 
-def rotate(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, prefix: int) -> torch.Tensor:
-    """x [B, heads, N, D] with the patch tokens from index `prefix` on rotated; the `prefix` tokens
-    (CLS and registers: no position) pass unchanged. In float32, returned in x's dtype."""
-    head, patches = x[:, :, :prefix], x[:, :, prefix:].float()
-    half = patches.shape[-1] // 2
-    turned = torch.cat((-patches[..., half:], patches[..., :half]), dim=-1)
-    return torch.cat((head, (patches * cos + turned * sin).to(x.dtype)), dim=2)
+def rotate(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    """x [..., N, D] rotated token by token by the tables' N rows, in float32, returned in x's dtype."""
+    y = x if x.dtype == torch.float32 else x.float()
+    half = y.shape[-1] // 2
+    y = y * cos + torch.cat((-y[..., half:], y[..., :half]), dim=-1) * sin
+    return y if x.dtype == torch.float32 else y.to(x.dtype)

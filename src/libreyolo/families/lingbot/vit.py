@@ -47,7 +47,8 @@ INIT_STD = 0.02
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with RoPE on the patch tokens (the first `prefix` tokens are not rotated)."""
+    """Multi-head self-attention, queries and keys rotated by the RoPE tables (rope.py; identity
+    rows for the CLS and register tokens)."""
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -55,13 +56,15 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.q_bias = nn.Parameter(torch.zeros(dim))
         self.v_bias = nn.Parameter(torch.zeros(dim))
+        self.register_buffer("k_bias", torch.zeros(dim), persistent=False)  # keys have none (mask_k_bias)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, prefix: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
         b, n, c = x.shape
-        bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
-        q, k, v = F.linear(x, self.qkv.weight, bias).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(rotate(q, sin, cos, prefix), rotate(k, sin, cos, prefix), v)
+        bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
+        qkv = F.linear(x, self.qkv.weight, bias).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k = rotate(qkv[:2], sin, cos).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, qkv[2])
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
 
 
@@ -88,8 +91,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
         self.ls2 = LayerScale(dim, LAYERSCALE_INIT)
 
-    def forward(self, x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, prefix: int) -> torch.Tensor:
-        x = x + self.ls1(self.attn(self.norm1(x), sin, cos, prefix))
+    def forward(self, x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+        x = x + self.ls1(self.attn(self.norm1(x), sin, cos))
         return x + self.ls2(self.mlp(self.norm2(x)))
 
 
@@ -130,7 +133,7 @@ class ViT(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x, h, w = self.prepare_tokens(images)
-        sin, cos = rope_tables(h, w, self.head_dim, x.device)
+        sin, cos = rope_tables(h, w, self.head_dim, self.prefix, x.device)
         for block in self.blocks:
-            x = block(x, sin, cos, self.prefix)
+            x = block(x, sin, cos)
         return self.norm(x)
