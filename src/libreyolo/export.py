@@ -5,10 +5,12 @@ The file computes `model.predict(images)`, the decode included, and nothing more
 - input `images`: float32 [B, 3, S, S], RGB, values in [0, 1], prepared as validation and predict
   prepare an image (`task.prepare`): a detector's image is resized to long side S and centred on an
   S x S canvas of grey 114 (data/augment.FILL; 114 / 255 after scaling); a classifier's is resized
-  to short side round(S / 0.875) and centre-cropped to S x S;
+  to short side round(S / 0.875) and centre-cropped to S x S; a segmentation network's resized
+  to S x S (bilinear);
 - output `output`: detection [B, N, 4 + nc], boxes xyxy in input pixels, then per-class scores in
   [0, 1], one row per anchor (N = the sum over strides s of (S / s)^2; a DETR: one row per query,
-  N = min(300, that sum)); classification [B, nc] probabilities (softmax).
+  N = min(300, that sum)); classification [B, nc] probabilities (softmax); segmentation [B, nc, S, S]
+  per-pixel probabilities (softmax, the logits upsampled bilinearly to S x S inside the file).
 No family has NMS in its network and none is added to the file: detections are class-aware NMS
 over the per-class scores, as `eval.postprocess.postprocess` and predict do it: each row keeps its
 best class if that score passes `conf` (predict: 0.25), NMS per class at IoU 0.7
@@ -80,6 +82,9 @@ TASK_NOTES = {
                "(docs/export.md)"),
     "classify": ("short side resized to round(S / 0.875), centre crop S x S",
                  "the output is probabilities: the argmax is the class"),
+    "segment": ("resized to S x S (bilinear)",
+                "the output is per-pixel probabilities [B, classes, S, S]: resize them to the image's size, "
+                "then the argmax over classes is each pixel's class"),
 }
 END_TO_END_NOTE = ("no NMS needed (one row per query): the best max_det (query, class) scores above conf "
                    "(docs/export.md)")
@@ -94,7 +99,7 @@ class ExportResult:
     path: Path
     format: str                      # "onnx" | "pt2"
     arch: str                        # "yolo9-t"
-    task: str                        # "detect" | "classify"
+    task: str                        # "detect" | "classify" | "segment"
     imgsz: int
     batch: int                       # the input's batch; with `dynamic`, the first batch checked
     dynamic: bool                    # batch axis dynamic

@@ -95,7 +95,8 @@ def test_every_family_exports_to_onnx(family, tmp_path, capfd):
     cells = sum((64 // s) ** 2 for s in getattr(model, "strides", ()))
     rows = min(300, cells) if getattr(model, "end_to_end", False) else cells  # a DETR: one row per query
     assert ("no NMS needed" in meta["postprocess"]) == getattr(model, "end_to_end", False)
-    assert want.shape == ((n, rows, 4 + nc) if task.name == "detect" else (n, nc))
+    shapes = {"detect": (n, rows, 4 + nc), "classify": (n, nc), "segment": (n, nc, 64, 64)}
+    assert want.shape == shapes[task.name]
     _assert_close(out, want)
 
 

@@ -98,6 +98,8 @@ def test_every_family_predicts_in_order_across_a_partial_last_batch(name):
         json.dumps(r.to_dict())  # a JSON line, whatever the task
         if r.task == "detect":
             assert len(r) > 0 and r.boxes.shape[1] == 4 and r.scores.dtype == torch.float32
+        elif r.task == "segment":  # a class map at the image's own size
+            assert r.mask.shape == f.image.shape[-2:] and int(r.mask.max()) < 2
         else:
             assert r.probs.shape == (2,) and abs(float(r.probs.sum()) - 1) < 1e-5
 

@@ -223,8 +223,9 @@ file (.mp4, .avi, .mov, .mkv, ...; needs PyAV: pip install 'libreyolo[video]'). 
 letterboxed exactly as val does, and boxes come back in original image pixels. stdout gets one
 line per image (`name: 3 detections (2 circle, 1 square)`), or with --json one JSON object per
 image: source, frame, width, height, task, then detections [{{box xyxy, score, class, name}}]
-(detectors) or class, name, prob and top [{{class, name, prob}}] (classifiers), and saved (the
-annotated file) when save=true. Annotated images and videos go to project/name (runs/predict/exp,
+(detectors), class, name, prob and top [{{class, name, prob}}] (classifiers), or classes [{{class,
+name, pixels, fraction}}] (segmentation), and saved (the annotated file; segmentation also
+mask_saved, the class map as a PNG of class ids) when save=true. Annotated images and videos go to project/name (runs/predict/exp,
 exp2, ...). Progress and logs go to stderr.
 
 Keys (key=, default, meaning):
@@ -274,7 +275,8 @@ def predict(ctx: typer.Context,
         if saved:
             saved_dir = os.path.dirname(saved)
         if as_json:
-            typer.echo(json.dumps({**result.to_dict(), **({"saved": saved} if saved else {})}))
+            files = {k: result.extra[k] for k in ("saved", "mask_saved") if result.extra.get(k)}
+            typer.echo(json.dumps({**result.to_dict(), **files}))
         else:
             where = f" [frame {result.frame}]" if result.frame is not None else ""
             typer.echo(f"{result.name}{where}: {result.summary()}")

@@ -6,9 +6,10 @@ images, or a list of those, relative to `path`) and `names` (a list, or a dict {
 
 Relative roots: a user yaml's relative `path` resolves against the yaml's folder; a packaged
 yaml's relative `path` resolves against `$LIBREYOLO_CACHE/datasets` (the package folder is no
-place for data). Packaged yamls may say `builtin: shapes` / `builtin: shapes-cls` (generated on
+place for data). Packaged yamls may say `builtin: shapes` / `shapes-cls` / `shapes-seg` (generated on
 first use) or `download: FILE.zip` + `sha256:` (fetched on first use, see download.py). `task:
-classify` marks a classification dataset (class folders, see classify.py); absent means detect.
+classify` marks a classification dataset (class folders, see classify.py), `task: segment` a
+segmentation one (images + masks, see segment.py); absent means detect.
 
 Labels are not read here: scanning and verifying happen when a split is built (labels.py).
 """
@@ -77,8 +78,8 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
     return DataConfig(name, yaml_path, root, splits["train"], splits["val"], names, extra)
 
 
-TASK_WORDS = {"detect": "detection", "classify": "classification"}
-TASK_EXAMPLES = {"detect": "shapes", "classify": "shapes-cls"}
+TASK_WORDS = {"detect": "detection", "classify": "classification", "segment": "segmentation"}
+TASK_EXAMPLES = {"detect": "shapes", "classify": "shapes-cls", "segment": "shapes-seg"}
 
 
 def _check_task(raw: dict, name: str, task: str, default: str = "detect") -> None:
@@ -153,8 +154,12 @@ def _materialise(raw: dict, root: Path, name: str) -> None:
             from .shapes_cls import ensure_shapes_cls
 
             ensure_shapes_cls(root)
+        elif builtin == "shapes-seg":
+            from .shapes_seg import ensure_shapes_seg
+
+            ensure_shapes_seg(root)
         else:
-            raise DataError(f"dataset {name}: unknown builtin '{builtin}' (known: shapes, shapes-cls)")
+            raise DataError(f"dataset {name}: unknown builtin '{builtin}' (known: shapes, shapes-cls, shapes-seg)")
         return
     sha = raw.get("sha256")
     if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha)):

@@ -45,6 +45,18 @@ def classify_table(metrics: dict[str, Any]) -> tuple[list[str], list[list[str]]]
     return CLASSIFY_HEAD, rows
 
 
+SEGMENT_HEAD = ["class", "pixels", "IoU", "acc"]
+
+
+def segment_table(metrics: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Segmentation's per-class table: (head, rows), the `all` row first (mIoU, pixel accuracy);
+    `-` for a class absent from both the ground truth and the predictions."""
+    per_class = metrics.get("per_class") or []
+    rows = [["all", str(sum(r["pixels"] for r in per_class)), _f(metrics.get("miou")), _f(metrics.get("pixel_acc"))]]
+    rows += [[r["class"], str(r["pixels"]), _f(r["iou"]), _f(r["acc"])] for r in per_class]
+    return SEGMENT_HEAD, rows
+
+
 def print_rows(head: list[str], rows: list[list[str]], title: str, file=None) -> None:
     """A rich table on a terminal, plain aligned columns in a log; the first row is the total."""
     from rich.console import Console

@@ -5,7 +5,8 @@ The flow: a thread pool decodes the source's image files and runs the task's `pr
 uint8 (4x fewer bytes than float) through one reused pinned buffer; `network` turns it into the
 task's prediction (/ 255 in the weights' dtype, the deploy model: conv+BN folded, float16 weights
 on CUDA by default, its decode in float32), replayed from a CUDA graph with `cuda_graph=True`; the
-task's `results` does NMS (detection) and maps boxes back to original pixels.
+task's `results` does NMS (detection) and maps boxes back to original pixels (segmentation: the
+class map at the original size).
 
 A `Predictor` holds the model and its graph; `LibreYOLO.predict` keeps the last one, so a script
 that predicts frame by frame with the same settings builds the model once.
@@ -193,6 +194,8 @@ def predict(predictor_for, source: Any, options: dict[str, Any]) -> Iterator[Res
         for frame, result in pairs:
             if saver is not None:
                 result.extra["saved"] = str(saver.save(frame, annotate(frame.image, result)))
+                if result.mask is not None:  # segmentation: the class map itself, as a PNG of class ids
+                    result.extra["mask_saved"] = str(saver.save_mask(frame, result.mask))
             produced += 1
             yield result
     if not produced and frames.skipped:

@@ -2,15 +2,18 @@
 
 `annotate` draws a Result on a copy of its image: detection boxes with "name score" labels through
 torchvision.utils.draw_bounding_boxes (one colour per class id from a fixed palette, so a class
-keeps its colour across images and runs), or a classification's top classes as "name prob" lines
-in the top-left corner through PIL.ImageDraw. Both fonts are Pillow's default, which is embedded
+keeps its colour across images and runs), a classification's top classes as "name prob" lines
+in the top-left corner through PIL.ImageDraw, or a segmentation's class map as a half-transparent
+colour per class (torchvision.utils.draw_segmentation_masks, the same palette). Both fonts are Pillow's default, which is embedded
 in Pillow itself: nothing is downloaded, drawing works offline.
 
 `Saver` writes what `annotate` returns under the run directory, which `predict_dir` names like
 training's (runs/predict/exp, exp2, ...) and which Saver creates with its first file: a run that
 fails on its inputs, or saves nothing, leaves no folder. Every file is written under a temp name
 and renamed when complete, so an interrupted run never leaves a half-written file under a final
-name (a still image at once, a video when its last frame is in).
+name (a still image at once, a video when its last frame is in). A segmentation result's class map
+is also saved as `<stem>_mask.png` (`save_mask`): a palette PNG whose pixel values are the class
+ids (a 16-bit grey PNG above 256 classes), the mask format training reads.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 from PIL import ImageDraw, ImageFont
 from torchvision.io import encode_jpeg, encode_png
 from torchvision.transforms.v2 import functional as TF
-from torchvision.utils import draw_bounding_boxes
+from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
 
 from ..atomic import atomic_path
 from ..engine.rundir import run_dir_candidates
@@ -38,6 +41,7 @@ from .sources import DEFAULT_FPS, Frame, import_av
 PALETTE = ((230, 159, 0), (86, 180, 233), (0, 158, 115), (240, 228, 66), (213, 94, 0), (204, 121, 167),
            (0, 170, 230), (148, 210, 90), (255, 127, 127), (170, 150, 255), (0, 200, 200), (255, 110, 190))
 JPEG_QUALITY = 95
+MASK_ALPHA = 0.5  # the class colours over a segmented image
 VIDEO_CODECS = ("libx264", "mpeg4")  # preferred first; mpeg4 is FFmpeg's own encoder, in every build
 
 
@@ -52,6 +56,8 @@ def annotate(image: torch.Tensor, result: Result, *, line_width: int | None = No
     img = image.detach().cpu()
     if result.probs is not None:
         return _draw_top_classes(img, result)
+    if result.mask is not None:
+        return _draw_class_map(img, result)
     if not len(result):
         return img.clone()
     h, w = img.shape[-2:]
@@ -65,6 +71,32 @@ def annotate(image: torch.Tensor, result: Result, *, line_width: int | None = No
     labels = [f"{result.label(c)} {s:.2f}" for c, s in zip(classes, scores)]
     colors = [PALETTE[c % len(PALETTE)] for c in classes]
     return draw_bounding_boxes(img, boxes[order], labels=labels, colors=colors, width=lw, fill_labels=True)
+
+
+def _draw_class_map(img: torch.Tensor, result: Result) -> torch.Tensor:
+    """Each class present in the map in its palette colour at MASK_ALPHA over the image."""
+    classes = [c for c, _ in result.class_pixels()]
+    mask = result.mask.cpu()
+    masks = mask[None] == torch.tensor(classes, dtype=mask.dtype)[:, None, None]
+    return draw_segmentation_masks(img, masks, alpha=MASK_ALPHA, colors=[PALETTE[c % len(PALETTE)] for c in classes])
+
+
+def mask_png(mask: torch.Tensor) -> bytes:
+    """A class map as PNG bytes: palette mode (pixel = class id, the palette's colours for a viewer)
+    up to 256 classes, else 16-bit grey."""
+    import io
+
+    from PIL import Image
+
+    m = mask.cpu().numpy()
+    if m.dtype == np.uint8:
+        img = Image.frombytes("P", (m.shape[1], m.shape[0]), np.ascontiguousarray(m).tobytes())
+        img.putpalette([v for i in range(256) for v in PALETTE[i % len(PALETTE)]])
+    else:
+        img = Image.fromarray(m.astype(np.uint16))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def _draw_top_classes(img: torch.Tensor, result: Result) -> torch.Tensor:
@@ -149,6 +181,19 @@ class Saver:
         data = encode_png(img) if png else encode_jpeg(img, quality=JPEG_QUALITY)
         with atomic_path(path) as tmp:
             tmp.write_bytes(data.numpy().tobytes())
+        return path
+
+    def save_mask(self, frame: Frame, mask: torch.Tensor) -> Path:
+        """Write a segmentation class map as `<stem>_mask.png` (a video frame's as
+        `<stem>_<frame>_mask.png`); the path. Errors as `save`."""
+        stem = Path(frame.name).stem + ("" if frame.frame is None else f"_{frame.frame:06d}")
+        path = self._claim(f"{stem}_mask.png")
+        try:
+            with atomic_path(path) as tmp:
+                tmp.write_bytes(mask_png(mask))
+        except OSError as exc:
+            raise ConfigError(f"cannot write class maps to {self.save_dir}: {exc.strerror or exc} "
+                              f"(choose another project= or name=, or save=false)") from None
         return path
 
     def close(self) -> None:

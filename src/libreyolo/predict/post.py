@@ -1,8 +1,8 @@
 """Each task's two ends of predict: an image into network input, network output into Results.
 
 `prepare_*` are the validation transforms themselves (data/dataset.py `inference_letterbox`,
-data/classify.py `center_crop_for_inference`), so val and predict see the same pixels.
-The task modules (tasks/detect.py, tasks/classify.py) point at these through `lazy()`.
+data/classify.py `center_crop_for_inference`, data/segment.py `resize_for_inference`), so val and
+predict see the same pixels. The task modules (tasks/*.py) point at these through `lazy()`.
 """
 
 from __future__ import annotations
@@ -72,3 +72,25 @@ def classify_results(preds: Tensor, metas: Sequence[Any], frames: Sequence[Any],
     probs = preds.float().cpu()
     return [Result(f.name, f.path, f.frame, tuple(f.image.shape[-2:]), names, "classify", probs=p)
             for f, p in zip(frames, probs)]
+
+
+def prepare_segment(image: Tensor, imgsz: int) -> tuple[Tensor, None]:
+    """RGB uint8 [3, h, w] -> (the image resized to uint8 [3, imgsz, imgsz], None)."""
+    from ..data.segment import resize_for_inference
+
+    return resize_for_inference(image, imgsz), None
+
+
+def segment_results(preds: Tensor, metas: Sequence[Any], frames: Sequence[Any], names: list[str],
+                    opts: PostOptions) -> list[Result]:
+    """A class map per image at its original size: the probabilities resized (bilinear) to the
+    image's (h, w), then the argmax; uint8 for up to 256 classes, else int32."""
+    import torch.nn.functional as F
+
+    dtype = torch.uint8 if preds.shape[1] <= 256 else torch.int32
+    out = []
+    for f, p in zip(frames, preds):
+        h, w = f.image.shape[-2:]
+        p = F.interpolate(p[None].float(), size=(h, w), mode="bilinear", align_corners=False)[0]
+        out.append(Result(f.name, f.path, f.frame, (h, w), names, "segment", mask=p.argmax(0).to(dtype).cpu()))
+    return out

@@ -2,7 +2,8 @@
 
 A Result knows where its image came from (`name`, `path`, `frame`), the image's size and the
 model's class names, and holds the task's own output: boxes, scores and class ids for detection;
-the class probabilities for classification. `to_dict()` is the JSON line `predict --json` prints.
+the class probabilities for classification; a class map (the class id of every pixel) for semantic
+segmentation. `to_dict()` is the JSON line `predict --json` prints.
 """
 
 from __future__ import annotations
@@ -23,15 +24,24 @@ class Result:
     frame: int | None               # the frame number in a video, None for a still image
     orig_shape: tuple[int, int]     # (height, width) of the image as read
     names: list[str]                # the model's class names, index = class id
-    task: str                       # "detect" | "classify"
+    task: str                       # "detect" | "classify" | "segment"
     boxes: Tensor | None = None     # float32 [n, 4] xyxy, original pixels (detect)
     scores: Tensor | None = None    # float32 [n], sorted decreasing (detect)
     classes: Tensor | None = None   # int64 [n] (detect)
     probs: Tensor | None = None     # float32 [num_classes] (classify)
+    mask: Tensor | None = None      # [h, w] class id per original pixel, uint8 (int32 above 256 classes) (segment)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return len(self.boxes) if self.boxes is not None else (0 if self.probs is None else 1)
+        """Detections; 1 for a classification or segmentation result."""
+        if self.boxes is not None:
+            return len(self.boxes)
+        return 0 if self.probs is None and self.mask is None else 1
+
+    def class_pixels(self) -> list[tuple[int, int]]:
+        """(class id, pixels) of each class in a segmentation result's map, most pixels first."""
+        counts = torch.bincount(self.mask.flatten().long().cpu(), minlength=len(self.names)).tolist()
+        return sorted(((c, n) for c, n in enumerate(counts) if n), key=lambda cn: (-cn[1], cn[0]))
 
     @property
     def top1(self) -> int | None:
@@ -43,10 +53,15 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: source, frame, width, height, then `detections` [{box, score, class, name}]
-        (box xyxy in original pixels, rounded to 0.01 px) or `top` [{class, name, prob}] (best first)
-        with the top-1 `class`, `name` and `prob`."""
+        (box xyxy in original pixels, rounded to 0.01 px), `top` [{class, name, prob}] (best first)
+        with the top-1 `class`, `name` and `prob`, or `classes` [{class, name, pixels, fraction}] (the
+        classes of a segmentation map, most pixels first; the map itself is `mask`, or the PNG saved)."""
         h, w = self.orig_shape
         out: dict[str, Any] = {"source": self.name, "frame": self.frame, "width": w, "height": h, "task": self.task}
+        if self.mask is not None:
+            out["classes"] = [{"class": c, "name": self.label(c), "pixels": n, "fraction": round(n / (h * w), 6)}
+                              for c, n in self.class_pixels()]
+            return out
         if self.probs is not None:
             p = self.probs.float().cpu()
             values, ids = p.topk(min(TOP_K, len(p)))
@@ -63,7 +78,12 @@ class Result:
         return out
 
     def summary(self) -> str:
-        """'3 detections (2 circle, 1 square)' / 'circle 0.97': one human line."""
+        """'3 detections (2 circle, 1 square)' / 'circle 0.97' / 'background 81%, circle 12%, ...': one
+        human line."""
+        if self.mask is not None:
+            h, w = self.orig_shape
+            parts = [f"{self.label(c)} {100 * n / (h * w):.0f}%" for c, n in self.class_pixels()]
+            return ", ".join(parts[:TOP_K]) + (f" and {len(parts) - TOP_K} more" if len(parts) > TOP_K else "")
         if self.probs is not None:
             c = self.top1
             return f"{self.label(c)} {float(self.probs[c]):.2f}"
