@@ -27,7 +27,7 @@ def _key(default: Any, doc: str, *, lo: float | None = None, hi: float | None = 
 class TrainConfig:
     # --- what to train -------------------------------------------------------------------------
     model: Union[str, None] = _key(None, "weights file, official weights name (LibreYOLO9s.pt) or architecture (yolo9-t)", group="model", val=True)
-    data: Union[str, None] = _key(None, "dataset: built-in name (shapes, coco128; shapes-cls for classifiers), a dataset yaml, or a folder with train/<class>/ and val/<class>/ (classifiers)", group="model", val=True)
+    data: Union[str, None] = _key(None, "dataset: built-in name (shapes, coco128; shapes-cls for classifiers; shapes-seg for segmentation), a dataset yaml, or a folder: train/<class>/ and val/<class>/ (classifiers), images/ + masks/, ADE20K or Cityscapes (segmentation)", group="model", val=True)
     task: Union[Literal["detect", "classify", "segment"], None] = _key(None, "task to train: detect, classify or segment (default: the model's first task; `libreyolo cfg MODEL` shows it)", group="model")
     # --- loop ----------------------------------------------------------------------------------
     epochs: int = _key(100, "number of training epochs", lo=1, hi=100_000)
@@ -38,18 +38,20 @@ class TrainConfig:
     cache: Union[Literal["ram", "disk"], bool] = _key(False, "cache decoded images: false, ram or disk", group="data")
     seed: int = _key(0, "random seed for weights, augmentation and sampling", lo=0)
     deterministic: bool = _key(False, "use deterministic algorithms (slower)")
-    patience: int = _key(100, "stop after this many epochs without fitness improvement (0 = never; fitness: 0.9 mAP50-95 + 0.1 mAP50, or top-1)", lo=0)
+    patience: int = _key(100, "stop after this many epochs without fitness improvement (0 = never; fitness: 0.9 mAP50-95 + 0.1 mAP50, top-1, or mIoU)", lo=0)
     log_interval: int = _key(10, "steps between loss read-backs from the device (the only host sync of the loop)", lo=1)
     # --- optimisation --------------------------------------------------------------------------
     optimizer: Literal["auto", "sgd", "adamw"] = _key("auto", "sgd (nesterov), adamw, or auto: AdamW with lr0 0.002*5/(4+classes), momentum 0.9 for runs of <= 10000 optimizer steps, else SGD", group="optim")
     lr0: float = _key(0.01, "initial learning rate", lo=0.0, group="optim")
     lrf: float = _key(0.01, "final learning rate as a fraction of lr0", lo=0.0, hi=1.0, group="optim")
-    lr_schedule: Literal["cosine", "linear", "step", "flat_cosine"] = _key("linear", "decay from lr0 to lr0*lrf: cosine, linear, step (three equal stages: lr0, lr0*sqrt(lrf), lr0*lrf), or flat_cosine (lr0 for the first lr_flat of the epochs, then a half cosine)", group="optim")
+    lr_schedule: Literal["cosine", "linear", "step", "flat_cosine", "poly"] = _key("linear", "decay from lr0 to lr0*lrf: cosine, linear, step (three equal stages: lr0, lr0*sqrt(lrf), lr0*lrf), flat_cosine (lr0 for the first lr_flat of the epochs, then a half cosine), or poly (lrf + (1 - lrf) (1 - progress)^lr_power, the segmentation recipes')", group="optim")
     lr_flat: float = _key(0.5, "flat_cosine: the fraction of the epochs held at lr0 before the cosine", lo=0.0, hi=1.0, group="optim")
+    lr_power: float = _key(1.0, "poly: the decay's power (1.0: a straight line, as linear)", lo=0.0, group="optim")
     backbone_lr: float = _key(1.0, "the backbone's learning rate as a fraction of the model's (families whose recipe trains the backbone slower: RT-DETR, D-FINE, DEIM)", lo=0.0, group="optim")
     momentum: float = _key(0.937, "SGD momentum / AdamW beta1", lo=0.0, hi=1.0, group="optim")
     weight_decay: float = _key(0.0005, "weight decay (scaled by batch*accumulate/nbs)", lo=0.0, group="optim")
     warmup_epochs: float = _key(3.0, "warmup epochs (fractions allowed; 0 = no warmup)", lo=0.0, group="optim")
+    warmup_iters: int = _key(0, "warmup length in batches instead of epochs, when > 0 (recipes that count iterations: SegFormer's 1500)", lo=0, group="optim")
     warmup_momentum: float = _key(0.8, "momentum at the start of warmup", lo=0.0, hi=1.0, group="optim")
     warmup_bias_lr: float = _key(0.1, "bias learning rate at the start of warmup", lo=0.0, group="optim")
     nbs: int = _key(64, "nominal batch size: gradients accumulate over round(nbs/batch) batches", lo=1, group="optim")
@@ -59,8 +61,7 @@ class TrainConfig:
     cls: float = _key(0.5, "classification loss gain", lo=0.0, group="optim")
     dfl: float = _key(1.5, "distribution focal loss gain", lo=0.0, group="optim")
     label_smoothing: float = _key(0.0, "classify: cross-entropy label smoothing", lo=0.0, hi=0.99, group="optim")
-    ignore_index: int = _key(255, "segment: the mask value of unlabelled pixels (no loss, not scored; also the padding of crops)", lo=0, hi=65535, group="data", val=True)
-    reduce_zero_label: bool = _key(False, "segment: mask value 0 means 'unlabelled' (ADE20K's 'other'): it becomes ignore_index and every other id shifts down by 1", group="data", val=True)
+    ignore_index: int = _key(255, "segment: the value of unlabelled pixels in the batches (no loss, not scored; also the crops' padding); a dataset's own unlabelled value (its yaml's ignore_index, else 255) is mapped to it", lo=0, hi=65535, group="data", val=True)
     # --- augmentation --------------------------------------------------------------------------
     mosaic: float = _key(1.0, "probability of a 4-image mosaic", lo=0.0, hi=1.0, group="augment")
     mixup: float = _key(0.0, "probability of mixup", lo=0.0, hi=1.0, group="augment")
@@ -74,6 +75,8 @@ class TrainConfig:
     scale: float = _key(0.5, "random scale gain (+/- fraction)", lo=0.0, hi=0.95, group="augment")
     shear: float = _key(0.0, "random shear range (+/- degrees)", lo=0.0, hi=45.0, group="augment")
     crop_scale: float = _key(0.08, "classify: smallest area fraction of the random resized crop", lo=0.01, hi=1.0, group="augment")
+    resize_min: float = _key(0.5, "segment: smallest random resize ratio (short side = imgsz x ratio) before the imgsz crop", lo=0.05, hi=8.0, group="augment")
+    resize_max: float = _key(2.0, "segment: largest random resize ratio (mmsegmentation's ratio_range 0.5-2.0)", lo=0.05, hi=8.0, group="augment")
     multi_scale: bool = _key(False, "pick a new square size (x0.5-1.5, multiple of 32) per batch", group="augment")
     # --- speed levers --------------------------------------------------------------------------
     amp: bool = _key(True, "mixed precision on CUDA (ignored with one log line on CPU)", group="speed", val=True)

@@ -57,6 +57,8 @@ def test_graphed_predict_matches_eager_and_replays(arch, caplog):
             assert len(a) == len(b)
             torch.testing.assert_close(a.boxes, b.boxes, atol=1e-3, rtol=1e-4)
             torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-4)
+        elif a.task == "segment":  # class maps: a near-tie may flip a pixel under other TF32 rounding
+            assert a.mask.shape == b.mask.shape and (a.mask != b.mask).float().mean() < 1e-3
         else:  # cuDNN autotuning may pick other algorithms for the two (TF32 rounding differs)
             torch.testing.assert_close(a.probs, b.probs, atol=5e-3, rtol=0)
 

@@ -518,3 +518,20 @@ def test_multi_scale_meets_graphs_with_one_line(libreyolo_log):
     [line] = lines(libreyolo_log)
     assert line.startswith("cuda_graph=true with multi_scale=true:") and "multi_scale=false" in line
     assert f"fewer than {CAPTURE_AFTER} times" in line
+
+
+def test_a_models_graph_note_is_logged_once_at_the_first_capture(libreyolo_log):
+    """`model.graph_note` (families/base.py): said once, after the capture line, and not again when
+    an invalidation re-captures."""
+    model = SimpleNamespace(capturable=Tiny().train(), graph_note="drop-path replays its own random stream")
+    manager = GraphManager.for_run(model, SimpleNamespace(cuda_graph=True), FAMILY, CUDA, PRECISION,
+                                   backend=FakeBackend())
+    for i in range(CAPTURE_AFTER + 1):
+        step(manager, images(seed=i))
+    manager.invalidate("a planted change")
+    for i in range(CAPTURE_AFTER + 1):
+        step(manager, images(seed=i))
+    said = lines(libreyolo_log)
+    assert [s for s in said if "drop-path" in s] == ["CUDA graphs: drop-path replays its own random stream"]
+    assert said.index("CUDA graphs: drop-path replays its own random stream") == 1  # right after the first capture
+    assert sum(s.startswith("CUDA graph captured") for s in said) == 2

@@ -170,3 +170,21 @@ def test_flat_cosine_holds_lr0_then_falls_along_the_cosine():
     _, whole = make(cfg(lr_schedule="flat_cosine", lr_flat=0.0, epochs=10, lrf=0.1))
     _, cosine = make(cfg(lr_schedule="cosine", epochs=10, lrf=0.1))
     assert [whole.epoch_lr(e) for e in range(10)] == pytest.approx([cosine.epoch_lr(e) for e in range(10)])
+
+
+def test_poly_is_mmsegs_polylr_and_power_one_is_linear():
+    _, sched = make(cfg(lr_schedule="poly", lr_power=0.9, epochs=10, lrf=0.0))
+    # lr0 * (1 - e / E) ** 0.9 (eta_min 0), constant within an epoch
+    assert [sched.epoch_lr(e) for e in (0, 5, 9)] == pytest.approx([0.01, 0.01 * 0.5 ** 0.9, 0.01 * 0.1 ** 0.9])
+    _, floor = make(cfg(lr_schedule="poly", lr_power=2.0, epochs=10, lrf=0.1))
+    assert floor.epoch_lr(5) == pytest.approx(0.01 * (0.1 + 0.9 * 0.25))
+    _, poly = make(cfg(lr_schedule="poly", lr_power=1.0, epochs=10, lrf=0.05))
+    _, linear = make(cfg(lr_schedule="linear", epochs=10, lrf=0.05))
+    assert [poly.epoch_lr(e) for e in range(10)] == pytest.approx([linear.epoch_lr(e) for e in range(10)])
+
+
+def test_warmup_iters_counts_batches_instead_of_epochs():
+    _, sched = make(cfg(warmup_iters=30, warmup_epochs=3.0), steps_per_epoch=50)
+    assert sched.warmup_batches == 30  # exactly, no 100-batch floor, warmup_epochs unused
+    _, sched = make(cfg(warmup_iters=1500, warmup_epochs=0.0, epochs=10), steps_per_epoch=50)
+    assert sched.warmup_batches == 450  # still cut at the start of the last epoch

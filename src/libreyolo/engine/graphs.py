@@ -99,8 +99,9 @@ class GraphManager:
 
     def __init__(self, module: nn.Module, *, autocast: AutocastFactory | None = None,
                  backend: CaptureBackend | None = None, capture_after: int = CAPTURE_AFTER,
-                 max_graphs: int = MAX_GRAPHS):
+                 max_graphs: int = MAX_GRAPHS, note: str | None = None):
         self.module = module
+        self.note = note  # the model's `graph_note` (families/base.py): logged at the first capture, once
         self._autocast = autocast or contextlib.nullcontext
         self.backend = backend if backend is not None else CudaGraphBackend()
         self.capture_after, self.max_graphs = int(capture_after), int(max_graphs)
@@ -134,7 +135,7 @@ class GraphManager:
             log.info(f"cuda_graph=true with multi_scale=true: a batch of a size seen fewer than {CAPTURE_AFTER} "
                      f"times runs eager and only {MAX_GRAPHS} size is captured, so a short run may never "
                      "capture; multi_scale=false trains every step graphed")
-        return cls(module, autocast=precision.autocast, backend=backend)
+        return cls(module, autocast=precision.autocast, backend=backend, note=getattr(model, "graph_note", None))
 
     @classmethod
     def off(cls, module: nn.Module, reason: str | None) -> GraphManager:
@@ -197,6 +198,9 @@ class GraphManager:
         pool = "size unknown" if graph.pool_mb is None else f"{graph.pool_mb:.0f} MB"
         log.info(f"CUDA graph captured for input {describe_key(key)} in "
                  f"{time.perf_counter() - t0:.2f} s; memory pool {pool}")
+        if self.note:
+            log.info(f"CUDA graphs: {self.note}")
+            self.note = None  # once per run, re-captures included
         return graph
 
     def _on_backward_error(self, where: str, exc: BaseException) -> None:

@@ -8,11 +8,13 @@ holds no state that matters beyond the configuration. All values are host-side P
   or a half cosine (`lr_schedule`), constant within an epoch; `flat_cosine` holds lr0 for the
   first `lr_flat` of the epochs and then falls along the half cosine (DEIM's FlatCosine); or `step`: three equal stages at lr0,
   lr0 * sqrt(lrf) and lr0 * lrf (with lrf 0.01, torchvision's ResNet recipe: x0.1 at epochs 30 and
-  60 of 90). The run ends where lr0 * lrf would
+  60 of 90); or `poly`: lr0 * (lrf + (1 - lrf) * (1 - e / epochs) ** lr_power), mmsegmentation's
+  PolyLR with eta_min = lr0 * lrf (power 1 is `linear`). The run ends where lr0 * lrf would
   begin: the last epoch still trains at lr0 * f((E - 1) / E), as the YOLOv5-8 trainers do. (Ending
   *at* lrf wasted a short run's last epoch: a 5-epoch run's last epoch trained at 0.01 lr0, and
   its mean LR was 16 % lower; docs/training-performance.md has the measured effect.)
-- Warmup, over the first `max(round(warmup_epochs * steps_per_epoch), 100)` batches, but never
+- Warmup, over the first `max(round(warmup_epochs * steps_per_epoch), 100)` batches (or exactly
+  `warmup_iters` batches when that is > 0: recipes that count iterations), but never
   past the start of the last epoch (none when `warmup_epochs == 0` or a one-epoch run): the
   "bias" group's LR goes linearly from `warmup_bias_lr` to the target, the other groups' from 0
   to the target; SGD momentum from `warmup_momentum` to `momentum` (AdamW's beta1 stays at
@@ -29,7 +31,7 @@ import torch
 
 from libreyolo.errors import ConfigError
 
-SCHEDULES = ("cosine", "linear", "step", "flat_cosine")
+SCHEDULES = ("cosine", "linear", "step", "flat_cosine", "poly")
 MIN_WARMUP_BATCHES = 100  # a short run still gets a usable warmup
 
 
@@ -62,11 +64,13 @@ class LRSchedule:
         self.lr0, self.lrf, self.epochs = float(cfg.lr0), float(cfg.lrf), int(cfg.epochs)
         self.kind = cfg.lr_schedule
         self.flat = float(getattr(cfg, "lr_flat", 0.5))
+        self.power = float(getattr(cfg, "lr_power", 1.0))
         self.momentum, self.warmup_momentum = float(cfg.momentum), float(cfg.warmup_momentum)
         self.warmup_bias_lr = float(cfg.warmup_bias_lr)
-        warm = max(round(cfg.warmup_epochs * self.steps_per_epoch), MIN_WARMUP_BATCHES)
+        iters = int(getattr(cfg, "warmup_iters", 0))
+        warm = iters or max(round(cfg.warmup_epochs * self.steps_per_epoch), MIN_WARMUP_BATCHES)
         last_epoch_start = (self.epochs - 1) * self.steps_per_epoch
-        self.warmup_batches = min(warm, last_epoch_start) if cfg.warmup_epochs > 0 else 0
+        self.warmup_batches = min(warm, last_epoch_start) if iters or cfg.warmup_epochs > 0 else 0
         self.is_bias = [g.get("name", "").endswith("bias") for g in optimizer.param_groups]
         self.scales = [float(g.get("lr_scale", 1.0)) for g in optimizer.param_groups]
         self.last_iteration = -1
@@ -76,6 +80,8 @@ class LRSchedule:
         progress = min(max(epoch / self.epochs, 0.0), 1.0)
         if self.kind == "step":
             return self.lr0 * self.lrf ** (min(int(3 * progress), 2) / 2)
+        if self.kind == "poly":  # mmsegmentation's PolyLR, eta_min = lr0 * lrf
+            return self.lr0 * (self.lrf + (1.0 - self.lrf) * (1.0 - progress) ** self.power)
         if self.kind == "flat_cosine":  # DEIM's FlatCosine: lr0 until lr_flat, then the cosine
             progress = max(progress - self.flat, 0.0) / (1.0 - self.flat) if self.flat < 1.0 else 0.0
         if self.kind in ("cosine", "flat_cosine"):

@@ -16,6 +16,10 @@ Training model contract (an `nn.Module` returned by `FamilySpec.build`):
   queries), so validation and predict take the top-k (query, class) scores instead of NMS.
 - optionally `model.set_epoch(epoch, cfg) -> reason | None`: an epoch-dependent change of what
   the captured region computes (YOLOX's L1 term); a reason re-arms the CUDA graphs.
+- optionally `model.graph_note: str`: how graphed training differs from eager for this model,
+  logged once by the graph manager (engine/graphs.py) at the first capture. SegFormer's: its
+  drop-path draws random numbers inside the captured region, and a replayed graph draws its own
+  stream (statistically, not bitwise, eager's).
 The criterion: `loss, loss_items = criterion(preds, targets)` where `loss` is a scalar already
 multiplied by the batch size, and `loss_items` a detached 1-D tensor (never `.item()` in the
 step) whose entries are named by `criterion.item_names`.
