@@ -3,9 +3,8 @@ captured), and the step is sync-free.
 
 The captured region draws no random numbers (no drop-path: the released ViT-S is built with
 `drop_path_rate=0`; no head dropout; RoPE without coordinate augmentation: families/lingbot), so a
-replay computes what eager computes. What can still differ is summation order: SDPA's
-memory-efficient backward (the float32 kernel) accumulates with atomics, so even two eager runs
-may differ in the last bits. The test prints the measured differences (for docs/families.md) and
+replay computes what eager computes. What can still differ is summation order (SDPA's fused
+backward kernels need not add up in the same order from one launch to the next), in the last bits. The test prints the measured differences (for docs/families.md) and
 allows 1e-5 relative, which float32 rounding stays far below while a capture bug (a stale buffer, a
 lost BatchNorm update, a missed gradient) changes results outright.
 """

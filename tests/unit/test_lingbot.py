@@ -80,26 +80,24 @@ def test_registers_follow_cls_and_rope_skips_them():
     assert not torch.allclose(turned[:, :, 5:], x[:, :, 5:])
 
 
-@pytest.mark.parametrize("px", [64, 96])
-def test_output_shapes(px):
+def test_output_shapes_at_64_and_96_px():
+    """Tokens [B, 5 + (S/16)^2, 384] and logits [B, C, S/16, S/16] at both sizes from one model (the
+    RoPE tables follow the grid); predict's probabilities at the input size: test_segmenters.py."""
     torch.manual_seed(0)
     model = get_family("lingbot").build("s", 7).train()
-    images = torch.rand(2, 3, px, px)
-    (logits,) = model.capturable(images)
-    assert logits.shape == (2, 7, px // 16, px // 16)
-    assert model.forward_train((logits,), None)[0] is logits
-    model.eval()
-    with torch.no_grad():
-        probs = model.predict(images)
-        tokens = model.backbone(images)
-    assert tokens.shape == (2, 5 + (px // 16) ** 2, 384)
-    assert probs.shape == (2, 7, px, px) and torch.allclose(probs.sum(1), torch.ones(2, px, px), atol=1e-5)
+    for px in (64, 96):
+        images = torch.rand(2, 3, px, px)
+        (logits,) = model.capturable(images)
+        assert logits.shape == (2, 7, px // 16, px // 16) and torch.isfinite(logits).all()
+        with torch.no_grad():
+            assert model.backbone(images).shape == (2, 5 + (px // 16) ** 2, 384)
 
 
 def test_parameter_count():
     """Derived from the architecture: within 5 % of ViT-S's published size (21.6 M for the released
     LingBot-Vision ViT-S/16 as timm counts it, which adds the pretraining mask token and a masked key
-    bias, 384 + 12 x 384 parameters that do nothing here)."""
+    bias, 384 + 12 x 384 parameters that do nothing here). test_segmenters.py checks the built model
+    at 150 classes against the sum with the head."""
     d, depth, mlp = 384, 12, 1536
     block = (2 * 2 * d            # two LayerNorms
              + d * 3 * d + 2 * d  # fused qkv weight, query and value biases (no key bias)
@@ -107,11 +105,9 @@ def test_parameter_count():
              + d * mlp + mlp + mlp * d + d  # MLP
              + 2 * d)             # two LayerScales
     backbone = (3 * 16 * 16 * d + d) + (1 + 4) * d + depth * block + 2 * d
-    classes = 150
-    head = 2 * d + d * classes + classes  # BatchNorm, 1 x 1 conv
-    model = get_family("lingbot").build("s", classes)
-    assert sum(p.numel() for p in model.backbone.parameters()) == backbone == 21_596_160
-    assert sum(p.numel() for p in model.parameters()) == backbone + head
+    head = 2 * d + d * 150 + 150  # BatchNorm, 1 x 1 conv
+    assert sum(p.numel() for p in ViT().parameters()) == backbone == 21_596_160
+    assert backbone + head == 21_654_678
     assert abs(backbone - 21.6e6) / 21.6e6 < 0.05
 
 
