@@ -1,7 +1,8 @@
 """LingBot-Vision s (families/lingbot): the axial RoPE's relative-position property, the token layout
 (CLS, 4 registers, patches; RoPE on the patches only), output shapes at 64 and 96 px, the exact
-parameter count, names, and the backbone against timm's DINOv3 ViT-S/16 port (the same architecture
-and constants: any difference in a constant, an order or an epsilon shows)."""
+parameter count and GFLOPs, names, and the backbone against timm's DINOv3 ViT-S/16 port given our
+weights (the same forward computation: a different RoPE base or layout, register count or place,
+norm epsilon, bias or block order shows)."""
 
 import re
 
