@@ -124,21 +124,28 @@ def test_without_drop_path_graphed_equals_eager_to_float32_rounding(batches):
     saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:
-        _, _, eager_model, eager = _context(data.nc, stochastic=False, amp=False)
-        cfg, spec, model, graphed = _context(data.nc, stochastic=False, amp=False)
+        # SGD, not the recipe's AdamW: the bilinear upsampling's backward adds with atomics (its order
+        # differs run to run, eager or graphed), and AdamW's normalised step turns a rounding-size
+        # difference of a near-zero gradient into a full-size one. SGD's step is linear in the
+        # gradient, so what is compared stays rounding; the optimizer runs eager either way.
+        over = dict(stochastic=False, amp=False, optimizer="sgd", lr0=1e-3, momentum=0.9, backbone_lr=1.0)
+        _, _, eager_model, eager = _context(data.nc, **over)
+        cfg, spec, model, graphed = _context(data.nc, **over)
         manager = _graphed(graphed, cfg, spec, model)
         worst = 0.0
         for i, b in enumerate(bs[:12]):
-            a = train_step(eager, b, update=True)
-            g = train_step(graphed, b, update=True)
+            last = i == 11  # the last step only accumulates: its gradients stay in .grad to compare
+            a = train_step(eager, b, update=not last)
+            g = train_step(graphed, b, update=not last)
             worst = max(worst, float(((g - a).abs() / a.abs()).max()))
             torch.testing.assert_close(g, a, rtol=1e-5, atol=1e-6, msg=f"step {i}")
-        grads = [(p.grad, q.grad) for p, q in zip(eager_model.parameters(), model.parameters()) if p.grad is not None]
-        grad_rel = max(float((q - p).norm() / p.norm().clamp(min=1e-12)) for p, q in grads)
+        pairs = list(zip(eager_model.parameters(), model.parameters()))
+        grad_rel = max(float((q.grad - p.grad).norm() / p.grad.norm()) for p, q in pairs if p.grad.norm() > 0)
+        weight_rel = max(float((q - p).norm() / p.norm()) for p, q in pairs if p.norm() > 0)
         print(f"SEGFORMER-NUMERICS fp32, drop-path off: max relative loss difference {worst:.2e} over 12 steps; "
-              f"max per-tensor relative gradient L2 difference after them {grad_rel:.2e}")
+              f"then max per-tensor relative L2 difference: gradients {grad_rel:.2e}, weights {weight_rel:.2e}")
         assert manager.stats()["replayed_steps"] == 12 - CAPTURE_AFTER + 1
-        assert grad_rel < 1e-3
+        assert grad_rel < 1e-3  # the weights follow from the losses and gradients; their figure is for the docs
     finally:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
 

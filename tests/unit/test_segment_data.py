@@ -257,3 +257,22 @@ def test_two_ranks_load_the_single_process_batches(tmp_path):
         assert torch.equal(torch.cat([r[i].images for r in ranks]), batch.images)
         assert torch.equal(torch.cat([r[i].targets.masks for r in ranks]), batch.targets.masks)
     assert isinstance(one[0].targets, SegTargets)
+
+
+def test_sixteen_bit_masks_carry_more_than_255_classes(tmp_path):
+    root = make_folder(tmp_path / "ds", counts=(("train", 1), ("val", 1)))
+    for split in ("train", "val"):
+        mask = np.zeros((40, 48), np.uint16)
+        mask[:, 24:] = 299
+        _save(root / "masks" / split / "0.png", mask)
+    data = load_segment_data(root)
+    assert data.nc == 300
+    with pytest.raises(ConfigError, match="ignore_index=255 is a class id"):
+        build_segment_val_loader(data, cfg())
+    masks = next(iter(build_segment_val_loader(data, cfg(imgsz=48, ignore_index=65535), batch=1))).targets.masks
+    assert masks.dtype == torch.int64 and masks[0, 0, 0] == 0 and masks[0, 0, 47] == 299
+
+
+def test_a_detection_set_is_refused_in_one_line():
+    with pytest.raises(DataError, match="shapes is a detection dataset: .* pick a segmentation dataset \\(e.g. shapes-seg\\)"):
+        load_segment_data("shapes")

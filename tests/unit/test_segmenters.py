@@ -22,8 +22,8 @@ SEGMENTERS = sorted(f for f, spec in REGISTRY.items() if "segment" in spec.tasks
 IGNORE = 255
 
 # (family, size) -> (exact parameters at ADE20K's 150 classes, the published figure). SegFormer-B0:
-# the paper's Table 1 / mmsegmentation's model zoo give 3.7-3.8 M; 3,752,694 is the authors' network
-# without the unused `conv_seg` their decode head also builds (19,350 parameters).
+# 3.7-3.8 M published (the paper's Table 1 rounds to 3.8 M); 3,752,694 is the authors' network without
+# the unused `conv_seg` their decode head also builds (19,350 parameters).
 # LingBot-Vision s: the 21.6 M of the released ViT-S/16 backbone (derived in test_lingbot.py) plus
 # the linear head.
 PARAMS_150 = {("segformer", "b0"): (3_752_694, 3.7e6), ("lingbot", "s"): (21_654_678, 21.6e6)}

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import StochasticDepth
 
-from ..common import BN_EPS, BN_MOMENTUM, build_model
+from ..common import build_model
 from ..segment import SegmentationModel
 
 # mit_b0 in NVlabs/SegFormer mix_transformer.py; paper Table 6 (MiT-B0).
@@ -187,9 +187,7 @@ class AllMLPDecoder(nn.Module):
         self.linears = nn.ModuleList(nn.Linear(c, dim) for c in in_dims)
         self.fuse = nn.Conv2d(dim * len(in_dims), dim, 1, bias=False)
         nn.init.kaiming_normal_(self.fuse.weight, mode="fan_out", nonlinearity="relu")
-        # The YOLO recipes' BatchNorm constants (families/common.py), as everywhere in this package;
-        # mmcv's SyncBN keeps torch's (eps 1e-5, momentum 0.1).
-        self.bn = nn.BatchNorm2d(dim, eps=BN_EPS, momentum=BN_MOMENTUM)
+        self.bn = nn.BatchNorm2d(dim)  # torch's eps 1e-5 and momentum 0.1, as the recipe's SyncBN (mmcv)
         self.act = nn.ReLU(inplace=True)
         self.dropout = nn.Dropout2d(dropout)
         self.pred = nn.Conv2d(dim, num_classes, 1)
@@ -220,7 +218,6 @@ class SegFormerNet(nn.Module):
 class SegFormer(SegmentationModel):
     """The training model: SegFormerNet behind the input normalisation (families/segment.py)."""
 
-    output_stride = 4
     # What engine/graphs.py says once at capture (families/base.py, `graph_note`).
     graph_note = ("SegFormer's drop-path (and the decoder's Dropout2d) draw random numbers inside the captured "
                   "graph: each replay draws its own stream, so graphed training equals eager statistically, "
