@@ -11,6 +11,7 @@ from PIL import Image
 from testkit import run_in_process
 
 from libreyolo.data import shapes_seg
+from libreyolo.families import REGISTRY, arch_name
 
 FAST = ["imgsz=64", "batch=8", "workers=0", "device=cpu"]
 
@@ -54,6 +55,23 @@ def test_train_two_epochs_then_val_then_predict(small_shapes_seg, capsys):
     assert line["task"] == "segment" and sum(c["pixels"] for c in line["classes"]) == 64 * 64
     saved = Image.open(line["mask_saved"])
     assert saved.mode == "P" and saved.size == (64, 64) and np.asarray(saved).max() <= 10
+
+
+# Every other segmentation family (SegFormer runs above): its first size, two epochs on the 8 images.
+OTHER_SEGMENTERS = [arch_name(spec, spec.sizes[0]) for name, spec in REGISTRY.items()
+                    if "segment" in spec.tasks and name != "segformer"]
+
+
+@pytest.mark.usefixtures("one_thread")  # intra-op threads on a busy 2-core runner (tests/conftest.py)
+@pytest.mark.parametrize("model", OTHER_SEGMENTERS)
+def test_other_families_train_two_epochs(small_shapes_seg, model, capsys):
+    code, out, err = run_in_process(["train", f"model={model}", "data=shapes-seg", "epochs=2", *FAST, "--json"],
+                                    capsys)
+    assert code == 0, err[-2000:]
+    result = json.loads(out)
+    assert result["task"] == "segment" and 0.0 <= result["metrics"]["miou"] <= result["metrics"]["pixel_acc"] <= 1.0
+    rows = [r.split(",") for r in (small_shapes_seg / result["run_dir"] / "results.csv").read_text().splitlines()[1:]]
+    assert [r[0] for r in rows] == ["1", "2"] and all(float(r[1]) > 0 for r in rows)  # epoch, train/ce
 
 
 def _dataset(root: Path, mask_mode: str = "L") -> Path:

@@ -35,6 +35,7 @@ def get_family(name: str) -> FamilySpec:
 from .deim.spec import SPEC as _DEIM  # noqa: E402
 from .dfine.spec import SPEC as _DFINE  # noqa: E402
 from .fomo.spec import SPEC as _FOMO  # noqa: E402
+from .lingbot.spec import SPEC as _LINGBOT  # noqa: E402
 from .mobilenetv4.spec import SPEC as _MOBILENETV4  # noqa: E402
 from .resnet.spec import SPEC as _RESNET  # noqa: E402
 from .rtdetr.spec import SPEC as _RTDETR  # noqa: E402
@@ -57,3 +58,4 @@ register(_DEIM)
 register(_RTDETRV4)
 register(_FOMO)
 register(_SEGFORMER)
+register(_LINGBOT)

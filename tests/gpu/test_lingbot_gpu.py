@@ -1,0 +1,140 @@
+"""LingBot-Vision s on CUDA: graphed training matches eager through the real step (the whole network
+captured), the step is sync-free, and it trains graphed from the command line on shapes-seg.
+
+The captured region draws no random numbers (no drop-path: the released ViT-S is built with
+`drop_path_rate=0`; no head dropout; RoPE without coordinate augmentation: families/lingbot), so a
+replay computes what eager computes. What can still differ is summation order in the last bits:
+SDPA's fused backward kernels need not add up in the same order from one launch to the next, and the
+loss's bilinear upsampling (eager in both runs) adds its backward with atomics. The test prints the measured differences (for docs/families.md) and
+allows 1e-5 relative, which float32 rounding stays far below while a capture bug (a stale buffer, a
+lost BatchNorm update, a missed gradient) changes results outright.
+"""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from libreyolo.config import build_config
+from libreyolo.data.segment import SegBatch, SegTargets
+from libreyolo.engine.builder import build_step_context, place_model
+from libreyolo.engine.graphs import GraphManager
+from libreyolo.engine.step import train_step
+from libreyolo.families import get_family
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = torch.device("cuda")
+RTOL = 1e-5
+CLASSES, BATCH, PX = 10, 8, 512
+
+
+def _batch(seed: int) -> SegBatch:
+    """Random images and masks of CLASSES classes, a tenth of the pixels ignored (255)."""
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (BATCH, 3, PX, PX), dtype=torch.uint8, generator=gen)
+    masks = torch.randint(0, CLASSES, (BATCH, PX, PX), dtype=torch.uint8, generator=gen)
+    masks[torch.rand(BATCH, PX, PX, generator=gen) < 0.1] = 255
+    return SegBatch(images.pin_memory(), SegTargets(masks.pin_memory()))
+
+
+def _contexts(**over):
+    """(eager context, graphed context, manager) from the same initial weights."""
+    spec = get_family("lingbot")
+    cfg = build_config({"model": "lingbot-s", "batch": BATCH, "imgsz": PX, **over}, spec.defaults_for("s"))
+    torch.manual_seed(0)
+    init = spec.build("s", CLASSES).state_dict()
+    out = []
+    for _ in range(2):
+        model = spec.build("s", CLASSES)
+        model.load_state_dict(init)
+        model = place_model(model, cfg, DEVICE).train()
+        out.append((model, build_step_context(cfg, spec, model, DEVICE)))
+    (_, eager), (model, graphed) = out
+    manager = GraphManager.for_run(model, dataclasses.replace(cfg, cuda_graph=True), spec, DEVICE, graphed.precision)
+    graphed.capturable = manager.step_callable
+    assert manager.enabled and graphed.capturable is manager
+    return eager, graphed, manager
+
+
+def _flat(tensors):
+    return torch.cat([t.detach().float().flatten() for t in tensors])
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_cudnn():
+    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["float32", "bfloat16"])
+def test_graphed_gradients_match_eager(amp):
+    """10 steps (an update every second micro-batch), then one more micro-batch's gradients. SGD at
+    a fixed lr0 (the step does not schedule), not the recipe's AdamW: the optimizer runs eager in
+    both runs, and AdamW's normalised step would turn a rounding-size difference of a near-zero
+    gradient (the atomics above, eager or graphed) into a full-size one; SGD's step is linear in
+    the gradient, so what is compared stays rounding."""
+    eager, graphed, manager = _contexts(amp=amp, amp_dtype="bfloat16", optimizer="sgd", lr0=0.01, momentum=0.9)
+    init = _flat(eager.params)
+    worst_item = 0.0
+    for i in range(10):
+        batch = _batch(i % 3)
+        update = i % 2 == 1  # two micro-batches per update: accumulation through replays
+        a = train_step(eager, batch, update)
+        b = train_step(graphed, batch, update)
+        worst_item = max(worst_item, float(((a - b).abs() / a.abs().clamp_min(1e-6)).max()))
+        torch.testing.assert_close(b, a, rtol=RTOL, atol=1e-6, msg=f"step {i}")
+    update_rel = _rel(_flat(graphed.params) - init, _flat(eager.params) - init)
+    train_step(eager, _batch(7), update=False)
+    train_step(graphed, _batch(7), update=False)
+    grads = [(pg.grad.float(), pe.grad.float()) for pg, pe in zip(graphed.params, eager.params)]
+    grad_rel = _rel(_flat(g for g, _ in grads), _flat(e for _, e in grads))
+    # Element-wise, against each group's largest gradient (a relative error of a gradient that is
+    # itself ~0 says nothing).
+    max_rel = max(float((g - e).abs().max() / e.abs().max().clamp_min(1e-30)) for g, e in grads)
+    stats = manager.stats()
+    print(f"\n[lingbot-s {'bfloat16' if amp else 'float32'} b{BATCH} {PX}px] graphed vs eager: worst loss-item rel "
+          f"diff {worst_item:.2e}, 10-step weight-update rel L2 {update_rel:.2e}, gradient rel L2 {grad_rel:.2e}, "
+          f"gradient max rel error {max_rel:.2e}, stats {stats}")
+    assert grad_rel < RTOL and max_rel < RTOL and update_rel < RTOL
+    assert stats["enabled"] and stats["replayed_steps"] == 9 and stats["captured_shapes"] == [[BATCH, 3, PX, PX]]
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["float32", "bfloat16"])
+def test_step_has_no_host_sync(amp):
+    spec = get_family("lingbot")
+    cfg = build_config({"model": "lingbot-s", "batch": BATCH, "imgsz": PX, "amp": amp}, spec.defaults_for("s"))
+    torch.manual_seed(0)
+    model = place_model(spec.build("s", CLASSES), cfg, DEVICE).train()
+    ctx = build_step_context(cfg, spec, model, DEVICE)
+    for i in range(3):  # warm-up: cuDNN plans, allocator, optimizer state
+        train_step(ctx, _batch(i), update=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        items = train_step(ctx, _batch(5), update=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.isfinite(items).all()
+
+
+def test_cli_trains_graphed_on_shapes_seg(tmp_path):
+    """Two epochs at 128 px (the set's own size, an 8 x 8 patch grid), the whole network captured;
+    no graph note is logged: nothing inside the graph draws random numbers."""
+    proc = subprocess.run([sys.executable, "-m", "libreyolo", "train", "model=lingbot-s", "data=shapes-seg",
+                           "epochs=2", "imgsz=128", "batch=16", "cuda_graph=true", "workers=4", f"project={tmp_path}",
+                           "--json"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["task"] == "segment" and 0.0 <= out["metrics"]["miou"] <= 1.0
+    assert "CUDA graph captured for input" in proc.stderr and "training eager" not in proc.stderr
+    assert "CUDA graphs: " not in proc.stderr
