@@ -42,11 +42,12 @@
 #                    host-bound, so this takes about the time of one; wall times are then shared),
 #                    DETR_WORKERS loader workers each (default 8)
 #   bench-dense      bench step for the segmenters and FOMO: FOMO-0.35 at batch 8 and 32 in float32
-#                    (its recipe's precision), SegFormer-b0 and LingBot-Vision-s at batch 8 in float16,
-#                    each eager and graphed, at DENSE_IMGSZ (default: each family's own, 96 / 512 / 512)
-#   train-dense      SegFormer-b0 and LingBot-Vision-s from scratch on shapes-seg and FOMO-0.35 on
-#                    shapes, graphed, side by side on the one GPU, each its recipe's epochs unless
-#                    DENSE_EPOCHS is set, validated every 10: mIoU, F1
+#                    (its recipe's precision), SegFormer-b0 (float16) and LingBot-Vision-s (bfloat16, its
+#                    recipe's) at batch 8, each eager and graphed, at DENSE_IMGSZ (default: each
+#                    family's own, 96 / 512 / 512)
+#   train-dense      SegFormer-b0 and LingBot-Vision-s from scratch on shapes-seg (128 px) and FOMO-0.35
+#                    on shapes (96 px), graphed, side by side on the one GPU, DENSE_EPOCHS epochs
+#                    (default 50; FOMO at least its recipe's 60), validated every 10: mIoU, F1
 #   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, 100 epochs
 #   train-yolox      YOLOX-t from scratch on shapes at 640, float16, graphed (capture invalidated
 #                    and re-taken when the L1 branch turns on at no_aug_epochs)
@@ -200,14 +201,19 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
       matrix step_fomo-035 --models fomo-035 --batches 8 32 --arms fp32,fp32+graph --imgsz ${DENSE_IMGSZ:-96}
       matrix step_segformer-b0 --models segformer-b0 --batches 8 --arms float16,float16+graph \
         --data shapes-seg --imgsz ${DENSE_IMGSZ:-512}
-      matrix step_lingbot-s --models lingbot-s --batches 8 --arms float16,float16+graph \
+      matrix step_lingbot-s --models lingbot-s --batches 8 --arms bfloat16,bfloat16+graph \
         --data shapes-seg --imgsz ${DENSE_IMGSZ:-512}
       cat "$out"/step_fomo-035.md "$out"/step_segformer-b0.md "$out"/step_lingbot-s.md ;;
     train-dense)
-      e=${DENSE_EPOCHS:+epochs=$DENSE_EPOCHS}
-      DATA=shapes-seg train seg_segformer-b0 model=segformer-b0 $e eval_interval=10 workers=4 cuda_graph=true &
-      DATA=shapes-seg train seg_lingbot-s model=lingbot-s $e eval_interval=10 workers=4 cuda_graph=true &
-      DATA=shapes train points_fomo-035 model=fomo-035 $e eval_interval=10 workers=4 cuda_graph=true &
+      # shapes-seg is 128 px: the segmenters train at that size, and their recipes' 1500 warm-up
+      # iterations (of 160k / 40k) become 100 of this run's ~650.
+      e=${DENSE_EPOCHS:-50}
+      DATA=shapes-seg train seg_segformer-b0 model=segformer-b0 imgsz=128 epochs=$e warmup_iters=100 \
+        eval_interval=10 workers=4 cuda_graph=true &
+      DATA=shapes-seg train seg_lingbot-s model=lingbot-s imgsz=128 epochs=$e warmup_iters=100 \
+        eval_interval=10 workers=4 cuda_graph=true &
+      DATA=shapes train points_fomo-035 model=fomo-035 epochs=$(( e > 60 ? e : 60 )) eval_interval=10 workers=4 \
+        cuda_graph=true &
       wait ;;
     train-yolo9)
       train yolo9t_640 model=yolo9-t imgsz=640 batch=16 nbs=16 epochs=100 workers=8 eval_interval=10 amp_dtype=float16 ;;
