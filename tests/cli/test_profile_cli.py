@@ -76,7 +76,8 @@ def test_profile_repeat_trials_and_numbered_runs(cli, tmp_path):
     for key in ("step_ms_mean", "utilisation", "data_wait_ms", "syncs_per_step"):
         values = rep["figures"][key]["values"]
         assert len(values) == 2 and rep["figures"][key]["mean"] == pytest.approx(sum(values) / 2)
-    assert rep["figures"]["overhead_frac"] == {"mean": None, "std": None, "values": [None, None]}  # skip < 3
+    # The overhead figure compares each trial's recorded step with its timed ones, even at profile_skip=1.
+    assert all(isinstance(v, float) for v in rep["figures"]["overhead_frac"]["values"])
     for i in (1, 2):
         assert json.loads((parent / f"prof_{i}" / "profile_summary.json").read_text())["verdict"] == rep["verdicts"][i - 1]
     text = _ok(cli("profile", "summary", str(parent / "prof_1"))).stdout
