@@ -209,6 +209,8 @@ class ProfilerHook(Hook):
         if self.state in ("skip", "done"):
             return
         if self.allocator is not None and self.state in ("timed", "first"):
+            if _may_capture(trainer):  # a capture's own allocations must stay out: mark each step's start
+                self.allocator.pause()
             self.allocator.resume()
         self.window.append({"iteration": trainer.iteration, "epoch": trainer.epoch, "seg": self.state,
                             "counts0": _graph_counts(trainer), "t_before": time.perf_counter()})
@@ -225,9 +227,11 @@ class ProfilerHook(Hook):
         rec["t_after"], rec["counts1"] = time.perf_counter(), _graph_counts(trainer)
         n = sum(r["seg"] == rec["seg"] for r in self.window)
         ends_epoch = trainer.batch_index + 1 == trainer.steps_per_epoch
-        if self.allocator is not None and self.state in ("timed", "first") and (
-                ends_epoch or (self.state == "first" and n == self.first)):
-            self.allocator.pause()  # validation and checkpoints between epochs allocate: not the steps'
+        if self.allocator is not None and self.state in ("timed", "first"):
+            if rec["counts1"][1] > rec["counts0"][1]:
+                self.allocator.drop()  # the step captured a CUDA graph: its pool's allocations are no pressure
+            elif ends_epoch or (self.state == "first" and n == self.first):
+                self.allocator.pause()  # validation and checkpoints between epochs allocate: not the steps'
         if self.state == "timed":
             if n == self.timed or ends_epoch:
                 self.recorder.mark_end()
@@ -291,7 +295,8 @@ class ProfilerHook(Hook):
         # reads it at each start. A user's own setting is kept.
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         t = time.perf_counter()
-        if not self._start_session(ProfilerActivity.CUDA if self.cuda else ProfilerActivity.CPU, "the PyTorch profiler"):
+        if not self._start_session(ProfilerActivity.CUDA if self.cuda else ProfilerActivity.CPU,
+                                   "the PyTorch profiler did not start", "no profile written, training continues"):
             self._release()
             self.state = "done"
             return
@@ -301,7 +306,9 @@ class ProfilerHook(Hook):
         self.clock = _clock_pair()
         self.state = "first"
 
-    def _start_session(self, activity, what: str) -> bool:
+    def _start_session(self, activity, what: str, then: str) -> bool:
+        """Start a profiler session recording `activity`; False (and one warning line: `what`,
+        the error, `then`) if it cannot start."""
         from torch.profiler import profile
 
         try:
@@ -312,8 +319,7 @@ class ProfilerHook(Hook):
             if os.environ.get("LIBREYOLO_DEBUG"):
                 raise
             self.prof = None
-            log.warning(f"profile: {what} did not start ({type(exc).__name__}: {exc}); no profile written, "
-                        f"training continues")
+            log.warning(f"profile: {what} ({type(exc).__name__}: {exc}); {then}")
             return False
 
     def _export(self, run_dir: Path) -> dict:
@@ -344,7 +350,8 @@ class ProfilerHook(Hook):
             return
         from torch.profiler import ProfilerActivity
 
-        if self.cuda and self._start_session(ProfilerActivity.CPU, "the op steps' profiler"):
+        if self.cuda and self._start_session(ProfilerActivity.CPU, "the op steps' profiler did not start",
+                                             "the profile has no host-op table"):
             self.state = "ops"
         else:
             self._finish(trainer)
@@ -490,8 +497,8 @@ class ProfilerHook(Hook):
         if self.allocator is None:
             return None
         d = self.allocator.total
-        n = sum(s["half"] in (0, 1) for s in steps)
-        first = [(s["ts"], s["cpu_end"]) for s in steps if s["half"] == 1]
+        n = sum(s["half"] in (0, 1) and not s["captured"] for s in steps)
+        first = [(s["ts"], s["cpu_end"]) for s in steps if s["half"] == 1 and not s["captured"]]
         calls = A.alloc_calls(trace, first)
         trace_calls = sum(c for c, _ in calls) / max(len(first), 1)
         counter_calls = (d["allocs"] + d["frees"]) / max(n, 1)
@@ -532,6 +539,14 @@ def _graph_counts(trainer) -> tuple[int, int]:
     return getattr(graphs, "replayed_steps", 0), getattr(graphs, "captures", 0)
 
 
+def _may_capture(trainer) -> bool:
+    """Whether the run's CUDA graphs are armed and have captured nothing yet (the next step may
+    capture). A re-capture after an invalidation (YOLOX's L1 switch) is not foreseen: a window that
+    holds one counts its pool's allocations."""
+    graphs = getattr(trainer, "graphs", None)
+    return bool(getattr(graphs, "enabled", False)) and getattr(graphs, "captures", 1) == 0
+
+
 def _graph_use(w: dict) -> dict:
     """Whether a window step replayed a CUDA graph, and whether it captured one."""
     (r0, c0), (r1, c1) = w["counts0"], w["counts1"]
@@ -555,7 +570,7 @@ def _mark_kind(steps: list[dict]) -> None:
 class _AllocatorWatch:
     """The caching allocator's event counters summed over the window's steps, between
     resume() and pause() (an epoch's end inside the window is left out: validation and checkpoints
-    allocate), and the largest reserved memory read. num_device_alloc/free count cudaMalloc/cudaFree
+    allocate; so is a step that captured a CUDA graph), and the largest reserved memory read. num_device_alloc/free count cudaMalloc/cudaFree
     and expandable segments' cuMemMap/cuMemUnmap (older torch: segments allocated and freed)."""
 
     KEYS = ("retries", "ooms", "allocs", "frees")
@@ -576,6 +591,10 @@ class _AllocatorWatch:
     def resume(self) -> None:
         if self.mark is None:
             self.mark = self._read()
+
+    def drop(self) -> None:
+        """Forget the counts since the last resume (a step that captured a CUDA graph)."""
+        self.mark = None
 
     def pause(self) -> None:
         if self.mark is not None:
