@@ -20,7 +20,7 @@ def _ok(result):
 
 def test_profile_run_writes_four_files_and_a_copy_reads_back(cli, tmp_path):
     result = _ok(cli("profile", "run", "shapes", "--size", "t", "imgsz=128", "batch=4", *COMMON,
-                     "profile_skip=3", "profile_steps=6"))
+                     "profile_skip=3", "profile_steps=4"))
     run = tmp_path / "runs" / "profile" / "prof"
     for name in ("profile.json", "profile_summary.json", "profile_trace.json", "timeline.html"):
         assert (run / name).is_file(), name
@@ -30,7 +30,7 @@ def test_profile_run_writes_four_files_and_a_copy_reads_back(cli, tmp_path):
     args = (run / "args.yaml").read_text()
     assert "model: yolo9-t" in args and "no_aug_epochs: 0" in args and "profile: true" in args and "val: false" in args
     profile = json.loads((run / "profile.json").read_text())
-    assert profile["run"]["arch"] == "yolo9-t" and profile["window"]["steps"] == 6
+    assert profile["run"]["arch"] == "yolo9-t" and profile["window"]["steps"] == 4
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

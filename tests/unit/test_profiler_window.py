@@ -29,11 +29,12 @@ def tiny_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def profiled(tiny_data, tmp_path_factory):
-    """One profiled run: 5 epochs of 2 steps; the window (3 skipped, 2 timed, 2 + 2 recorded) crosses three."""
+def profiled(tiny_data, tmp_path_factory, one_thread):
+    """One profiled run: 4 epochs of 2 steps; the window (1 skipped, 2 timed, 2 + 2 recorded) crosses
+    three epoch ends, one inside the timed steps."""
     project = tmp_path_factory.mktemp("profiled")
-    return LibreYOLO("yolo9-t").train(data=tiny_data, project=str(project), epochs=5, profile=True,
-                                      profile_skip=3, profile_steps=4, **{**FAST, "imgsz": 128})
+    return LibreYOLO("yolo9-t").train(data=tiny_data, project=str(project), epochs=4, profile=True,
+                                      profile_skip=1, profile_steps=4, **{**FAST, "imgsz": 128})
 
 
 def _nested(trace, tid):
@@ -54,13 +55,13 @@ def test_profile_window_writes_artifacts_and_training_continues(profiled):
     run = profiled.run_dir
     assert all((run / f).is_file() for f in FILES)
     assert not list(run.glob(".*tmp")) and not list(run.glob(".profile_trace*"))
-    assert profiled.epochs_run == 5  # the hook removed itself and training went on
+    assert profiled.epochs_run == 4  # the hook removed itself and training went on
     assert markers._recorder is None
     p = load_profile(run)
-    assert p["window"] == {"skip": 3, "timed": 2, "steps": 4, "first_half": 2, "second_half": 2, "ops_steps": 0,
-                           "first_iteration": 3, "last_iteration": 8}
+    assert p["window"] == {"skip": 1, "timed": 2, "steps": 4, "first_half": 2, "second_half": 2, "ops_steps": 0,
+                           "first_iteration": 1, "last_iteration": 6}
     assert [(s["half"], s["iteration"], s["epoch"]) for s in p["steps"]] == [
-        (0, 3, 1), (0, 4, 2), (1, 5, 2), (1, 6, 3), (2, 7, 3), (2, 8, 4)]
+        (0, 1, 0), (0, 2, 1), (1, 3, 1), (1, 4, 2), (2, 5, 2), (2, 6, 3)]
     h, u = p["headline"], p["utilisation"]
     assert h["verdict"] == p["verdict"]["name"] == "compute-bound"  # a plain CPU run computes
     assert 0 < h["data_wait_ms"] < h["step_ms_mean"] and 0.8 <= h["utilisation"] <= 1.0
@@ -96,21 +97,21 @@ def test_profile_window_writes_artifacts_and_training_continues(profiled):
            {k: h[k] for k in ("verdict", "utilisation", "step_ms_mean")}
     trace = json.loads((run / "profile_trace.json").read_text())
     steps = [e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
-    assert [e["name"] for e in steps] == [f"ProfilerStep#{i}" for i in range(5, 9)]  # the recorded steps
+    assert [e["name"] for e in steps] == [f"ProfilerStep#{i}" for i in range(3, 7)]  # the recorded steps
     assert trace["distributedInfo"]["rank"] == 0
     assert _nested(trace, steps[0]["tid"])  # our slices nest with the profiler's CPU ops
     html = (run / "timeline.html").read_text()
     assert "compute-bound" in html and "<script src=" not in html and "timed, unrecorded" in html
     text = io.StringIO()
     print_report(p, file=text)
-    assert "window: 2 timed (unrecorded) + 2 recorded unsynchronised + 2 synchronised steps after 3 skipped" in \
+    assert "window: 2 timed (unrecorded) + 2 recorded unsynchronised + 2 synchronised steps after 1 skipped" in \
         text.getvalue()
 
 
 def test_profiling_does_not_change_training(profiled, tiny_data, tmp_path):
     import torch
 
-    plain = LibreYOLO("yolo9-t").train(data=tiny_data, project=str(tmp_path), epochs=5, **{**FAST, "imgsz": 128})
+    plain = LibreYOLO("yolo9-t").train(data=tiny_data, project=str(tmp_path), epochs=4, **{**FAST, "imgsz": 128})
     assert not (plain.run_dir / "profile.json").exists()
     a = torch.load(plain.run_dir / "weights" / "last.pt", weights_only=True)["model"]
     b = torch.load(profiled.run_dir / "weights" / "last.pt", weights_only=True)["model"]
