@@ -296,8 +296,8 @@ def print_ops(table: dict, file=None, top: int = 10) -> None:
     """The host operators by self CPU time per step (a host_op_table())."""
     console = Console(file=file or sys.stdout, highlight=False, soft_wrap=True)
     out = (lambda s: console.print(s, markup=False))
-    out(f"host operators: {table['self_ms_per_step']:.2f} ms of self CPU time per step over {table['ops']} operators "
-        f"(from {table['source']})")
+    out(f"host operators: {table['self_ms_per_step']:.2f} ms of self CPU time per step over {table['ops']} operators; "
+        f"from {table['source']}")
     rows = [[_short(r["name"]), _num(r["calls_per_step"], ".1f"), _num(r["self_ms_per_step"], ".3f"),
              _num(r["total_ms_per_step"], ".3f"), f"{100 * r['self_share']:.1f}%"] for r in table["rows"][:top]]
     print_table(console, f"top {top} host operators by self CPU time per step",
