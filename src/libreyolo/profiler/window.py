@@ -437,7 +437,8 @@ class ProfilerHook(Hook):
             half = {"timed": 0, "first": 1, "second": 2}[w["seg"]]
             t_start, ev_start = rec.starts[k]
             backward = next((r for r in by_step[k] if r[1] == "backward"), None)
-            t_bwd = rec.region_backward.get(k)
+            t_bwd = rec.region_backward.get(k)  # the region's backward began inside the backward phase
+            t_bwd = t_bwd if backward is not None and t_bwd is not None and backward[3] <= t_bwd <= backward[4] else None
             fwd = rec.region_forward.get(k, [])
             if half == 0:
                 t_stop, ev_stop = rec.ends.get(k) or rec.starts[k + 1]
@@ -447,8 +448,7 @@ class ProfilerHook(Hook):
                 region = None
                 if fwd:
                     region = {"forward": sum(b - a for a, b in fwd) * 1e3,
-                              "backward": (backward[4] - t_bwd) * 1e3 if backward and t_bwd and
-                              backward[3] <= t_bwd <= backward[4] else None}
+                              "backward": (backward[4] - t_bwd) * 1e3 if t_bwd is not None else None}
                 steps.append({"iteration": w["iteration"], "epoch": w["epoch"], "half": 0, "wall_ms": wall,
                               "host_step_ms": (t_stop - t_start) * 1e3,
                               "data_ms": next(p["cpu_ms"] for p in phases if p["name"] == "data"),
@@ -464,7 +464,7 @@ class ProfilerHook(Hook):
                                "gpu_ms": ev0.elapsed_time(ev1) if ev0 is not None else None})
             data = next(p for p in phases if p["name"] == "data")
             spans = [(us(a), us(b)) for a, b in fwd]
-            if backward and t_bwd and backward[3] <= t_bwd <= backward[4]:
+            if t_bwd is not None:
                 spans.append((us(t_bwd), us(backward[4])))
             steps.append({"iteration": w["iteration"], "epoch": w["epoch"], "half": half,
                           "ts": us(t_start), "cpu_end": us(cpu_end), "end": us(end),
