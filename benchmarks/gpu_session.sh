@@ -31,6 +31,10 @@
 #                    eager and graphed, pre/post-processing included (benchmarks/predict_bench.py); with
 #                    PEER=1 the peer's predict on YOLOv9-t as a reference row (needs .whl/peer)
 #   profile-infer    `libreyolo profile infer` YOLOv9-t batch 1 at 640 float16, eager and graphed
+#   whatif           `profile what-if` validated: for WHATIF_MODELS (default yolo9-t yolox-t rtmdet-t) at
+#                    WHATIF_BATCHES (default 2 8), float16 at 640, the graphed step predicted from an eager
+#                    `profile run` window against the one `bench step` measures (benchmarks/whatif_validate.py):
+#                    whatif/whatif_validate.json (+ .md) and each eager profile.json in whatif/profiles/
 #   bench-detr       bench step for the DETRs (DETR_MODELS, default every one) at batches DETR_BATCHES
 #                    (default 2 4 8), 640: float16 eager and graphed, fp32 where the family's recipe
 #                    trains without AMP (D-FINE, DEIM, RT-DETRv4); 16 steps after 6 warm-up
@@ -175,6 +179,12 @@ stage_run() {
         mkdir -p "$out/profile_infer_$arm" && cp "$d"/profile.json "$d"/profile_summary.json "$out/profile_infer_$arm/"
         tail -30 "$out/profile_infer_$arm.log"
       done ;;
+    whatif)
+      mkdir -p "$out/whatif"
+      python3 benchmarks/whatif_validate.py --models ${WHATIF_MODELS:-yolo9-t yolox-t rtmdet-t} \
+        --batches ${WHATIF_BATCHES:-2 8} --work /tmp/whatif --out "$out/whatif/whatif_validate.json" \
+        > "$out/whatif/whatif_validate.md"
+      cat "$out/whatif/whatif_validate.md" ;;
     bench-families-bs)
       matrix step_families_b2_b32 --models yolox-t rtmdet-t --batches 2 32 --arms float16,float16+graph ;;
     bench-detr)

@@ -90,7 +90,8 @@ class TrainConfig:
     cudnn_benchmark: Union[Literal["auto"], bool] = _key("auto", "let cuDNN time its algorithms for each new convolution shape: true, false, or auto (on for runs of >= 2000 steps per image size)", group="speed")
     profile: bool = _key(False, "profile a window of training steps and write a report", group="speed")
     profile_skip: int = _key(5, "profiler: steps to skip before the window", lo=0, group="speed")
-    profile_steps: int = _key(20, "profiler: steps in the window (first half unsynchronised, second synced)", lo=2, group="speed")
+    profile_steps: int = _key(20, "profiler: recorded steps in the window (first half unsynchronised, second synced), "
+                                  "after half as many unrecorded timed steps", lo=2, group="speed")
     # --- multi-GPU training (engine/distributed.py) ---------------------------------------------
     sync_bn: bool = _key(False, "multi-GPU: SyncBatchNorm, BatchNorm statistics over the global batch instead of each process's share (CUDA only)", group="multi")
     ddp_timeout: int = _key(600, "multi-GPU: seconds a process waits for the others (rank 0's validation and checkpoints included) before the run ends with one line", lo=1, group="multi")

@@ -20,7 +20,7 @@ def _ok(result):
 
 def test_profile_run_writes_four_files_and_a_copy_reads_back(cli, tmp_path):
     result = _ok(cli("profile", "run", "shapes", "--size", "t", "imgsz=128", "batch=4", *COMMON,
-                     "profile_skip=3", "profile_steps=6"))
+                     "profile_skip=3", "profile_steps=4"))
     run = tmp_path / "runs" / "profile" / "prof"
     for name in ("profile.json", "profile_summary.json", "profile_trace.json", "timeline.html"):
         assert (run / name).is_file(), name
@@ -30,7 +30,7 @@ def test_profile_run_writes_four_files_and_a_copy_reads_back(cli, tmp_path):
     args = (run / "args.yaml").read_text()
     assert "model: yolo9-t" in args and "no_aug_epochs: 0" in args and "profile: true" in args and "val: false" in args
     profile = json.loads((run / "profile.json").read_text())
-    assert profile["run"]["arch"] == "yolo9-t" and profile["window"]["steps"] == 6
+    assert profile["run"]["arch"] == "yolo9-t" and profile["window"]["steps"] == 4
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -76,7 +76,8 @@ def test_profile_repeat_trials_and_numbered_runs(cli, tmp_path):
     for key in ("step_ms_mean", "utilisation", "data_wait_ms", "syncs_per_step"):
         values = rep["figures"][key]["values"]
         assert len(values) == 2 and rep["figures"][key]["mean"] == pytest.approx(sum(values) / 2)
-    assert rep["figures"]["overhead_frac"] == {"mean": None, "std": None, "values": [None, None]}  # skip < 3
+    # The overhead figure compares each trial's recorded step with its timed ones, even at profile_skip=1.
+    assert all(isinstance(v, float) for v in rep["figures"]["overhead_frac"]["values"])
     for i in (1, 2):
         assert json.loads((parent / f"prof_{i}" / "profile_summary.json").read_text())["verdict"] == rep["verdicts"][i - 1]
     text = _ok(cli("profile", "summary", str(parent / "prof_1"))).stdout

@@ -40,7 +40,7 @@ def test_profile_infer_reports_and_its_directory_reads_back(cli, tmp_path):
     assert text.strip().endswith(f"artifacts in {run}")
 
 
-# The settings' other checks (cuda_graph with profile_skip < 3, sources) are unit tests:
+# The settings' other checks (cuda_graph with profile_skip < 1, sources) are unit tests:
 # tests/unit/test_profile_infer.py.
 @pytest.mark.parametrize("args, message", [
     (("yolo9-t", "epochs=3"), "key 'epochs' does not apply here"),

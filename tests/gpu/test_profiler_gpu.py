@@ -1,7 +1,9 @@
-"""The profiler on a real GPU (issue 5): YOLOv9-t batch 8, eager float16, 5 skipped + 20 measured steps.
+"""The profiler on a real GPU (issues 5 and 17): YOLOv9-t batch 8 at 640, float16, 5 skipped steps,
+then the window (10 timed, 10 + 10 recorded, 2 op steps).
 
 Every profiled run is its own process (`python -c DRIVER`): one profiler session per process, as
 `libreyolo profile run --repeat` does (a second session in one process can corrupt timestamps).
+nbs=8: every step updates the weights, as every `bench step` step does, so the two time one step.
 """
 
 import json
@@ -17,22 +19,44 @@ from libreyolo.profiler import analyze as A
 
 pytestmark = pytest.mark.gpu
 
-VERDICTS = {"dataloader-bound", "launch-bound", "host-bound", "compute-bound"}
+VERDICTS = {"dataloader-bound", "launch-bound", "host-bound", "compute-bound", "memory-bound"}
 SRC = Path(__file__).resolve().parents[2] / "src"
-# Plants an `.item()` in the loss when asked, then runs what `libreyolo profile run` runs.
+# Plants a fault in the loss when asked, then runs what `libreyolo profile run` runs:
+# - item: an `.item()` per step (a host sync);
+# - empty_cache: torch.cuda.empty_cache() per step, a common mistake: the allocator gives its free
+#   blocks back every step and the backward allocates them again (cudaFree + cudaMalloc per step);
+# - fraction: at the window's first step, a per-process memory limit halfway between the steps' peak
+#   allocation and the memory the allocator had reserved for them, and its cache emptied: the
+#   batch still fits, but the allocator runs out of room to cache and retries (frees its cache and
+#   calls cudaMalloc again).
 DRIVER = r"""
 import sys
-if sys.argv[1] == "item":
-    from libreyolo.families.yolo9.loss import YOLO9Loss
-    call = YOLO9Loss.__call__
-    def planted(self, preds, targets):
-        loss, items = call(self, preds, targets)
+import torch
+from libreyolo.families.yolo9.loss import YOLO9Loss
+kind = sys.argv[1]
+call, calls = YOLO9Loss.__call__, [0]
+def planted(self, preds, targets):
+    loss, items = call(self, preds, targets)
+    calls[0] += 1
+    if kind == "item":
         loss.detach().item()
-        return loss, items
-    YOLO9Loss.__call__ = planted
+    elif kind == "empty_cache":
+        torch.cuda.empty_cache()
+    elif kind == "fraction" and calls[0] == 2:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    elif kind == "fraction" and calls[0] == 6:  # profile_skip=5: the first timed step
+        peak, reserved = torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved()
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction((peak + 0.5 * (reserved - peak)) / total)
+        torch.cuda.empty_cache()
+        print("fraction plant:", peak / 2**20, reserved / 2**20, file=sys.stderr)
+    return loss, items
+YOLO9Loss.__call__ = planted
 from libreyolo.profiler.repeat import run_once
-print(run_once("yolo9-t", "shapes", {"batch": 8, "imgsz": 640, "amp": True, "amp_dtype": "float16",
-                                     "workers": 4, "cache": "ram", "project": sys.argv[2], "name": sys.argv[1]}))
+print(run_once("yolo9-t", "shapes", {"batch": 8, "nbs": 8, "imgsz": 640, "amp": True, "amp_dtype": "float16",
+                                     "workers": 4, "cache": "ram", "cuda_graph": kind == "graph",
+                                     "project": sys.argv[2], "name": kind}))
 """
 
 
@@ -75,7 +99,7 @@ def test_eager_float16_verdict_and_figures(eager):
     assert all(s["busy_ms"] > 0 and s["kernels"] > 100 for s in p["steps"] if s["half"] == 1)
     # Alignment: the launches our step spans claim are the launches the trace recorded in them.
     steps, spans = _step_spans(trace)
-    assert [e["name"] for e in steps] == [f"ProfilerStep#{s['iteration']}" for s in p["steps"]]
+    assert [e["name"] for e in steps] == [f"ProfilerStep#{s['iteration']}" for s in p["steps"] if s["half"] > 0]
     launches = sorted(e["ts"] for e in trace["traceEvents"] if e.get("name") == "cudaLaunchKernel"
                       and spans[0][0] <= e["ts"] < spans[-1][1])
     inside = sum(A.in_spans(launches, spans))
@@ -109,3 +133,70 @@ def test_utilisation_matches_hta_busy_time(eager, tmp_path, monkeypatch):
     wall_us = sum(hi - lo for lo, hi in kept)
     assert abs(hta_busy_us - ours_us) / wall_us <= 0.02, (hta_busy_us, ours_us, wall_us)
 
+
+
+@pytest.fixture(scope="module")
+def graphed(tmp_path_factory):
+    run = _profile_run("graph", tmp_path_factory.mktemp("gpu_profile_graph"))
+    return run, json.loads((run / "profile.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """`bench step` of the same step: YOLOv9-t batch 8 at 640, float16, eager and graphed."""
+    from libreyolo.bench import bench_step
+
+    records = bench_step({"model": "yolo9-t", "batch": 8, "imgsz": 640}, ["float16", "float16+graph"])
+    return {r["arm"]: r for r in records}
+
+
+def test_profile_and_bench_agree_on_utilisation(eager, graphed, bench):
+    """Issue 17's first item: the window's step time comes from unrecorded steps, so `profile run`
+    and `bench step` measure the same utilisation (within 3 points), eager and graphed. The
+    recorded steps' own figure and the overhead are printed: the bias the timed steps remove."""
+    for (_, p, *_), arm in ((eager, "float16"), (graphed, "float16+graph")):
+        h, u, b = p["headline"], p["utilisation"], bench[arm]
+        print(json.dumps({"arm": arm, "profile_utilisation": h["utilisation"], "bench_utilisation": b["utilisation"],
+                          "profile_step_ms": h["step_ms_mean"], "bench_step_ms_median": b["step_ms_median"],
+                          "profile_busy_ms": h["kernel_busy_ms"], "bench_busy_ms": b["kernel_busy_ms"],
+                          "recorded_step_ms": u["step_ms_recorded"]["mean"],
+                          "utilisation_recorded": u["utilisation_recorded"], "overhead_frac": h["overhead_frac"],
+                          "verdict": h["verdict"]}))
+        assert u["basis"] == "kernel busy (recorded steps) / step time (unrecorded steps)" and u["timed_steps"] >= 5
+        assert abs(h["utilisation"] - b["utilisation"]) <= 0.03, (arm, h["utilisation"], b["utilisation"])
+    # Kernel time measured under the profiler still fits in the unprofiled step: its durations are
+    # not inflated (a graphed step is 0.8-0.9 busy, the check with the least room).
+    assert graphed[1]["headline"]["utilisation"] <= 1.02
+    assert graphed[1]["overhead"]["graphed"] is True and graphed[1]["capture"]["region"] == "network"
+
+
+def test_eager_window_records_the_region_and_the_host_ops(eager):
+    """What `profile what-if` and `profile ops` read, from the eager window."""
+    from libreyolo.profiler.whatif import what_if
+
+    _, p, _ = eager
+    cap, ops = p["capture"], p["host_ops"]
+    print(json.dumps({"capture": cap, "host_ops_top": ops["rows"][:5], "self_ms_per_step": ops["self_ms_per_step"]}))
+    assert 0 < cap["forward_host_ms"] < p["utilisation"]["host_phases_ms"]["forward"] * 1.01
+    assert 0 < cap["backward_host_ms"] < p["utilisation"]["host_phases_ms"]["backward"] * 1.01
+    assert 0 < cap["busy_ms"] <= p["headline"]["kernel_busy_ms"] * 1.01 and cap["kernels_per_step"] > 100
+    assert ops["steps"] == 2 and "op steps" in ops["source"] and ops["rows"][0]["calls_per_step"] > 0
+    assert ops["self_ms_per_step"] <= p["headline"]["step_ms_mean"] * 3  # CPU-op recording at most ~doubles it
+    prediction = {x["lever"]: x for x in what_if(p)["predictions"]}["cuda_graph=true"]
+    print(json.dumps(prediction))
+    assert prediction["applies"] and prediction["step_ms"] < p["headline"]["step_ms_mean"]
+
+
+@pytest.mark.parametrize("kind", ["empty_cache", "fraction"])
+def test_planted_allocator_pressure_is_memory_bound(kind, tmp_path):
+    """A planted case per signal: torch.cuda.empty_cache() in every step (cudaMalloc/cudaFree per
+    step), and a per-process memory limit the batch just fits under (the allocator retries)."""
+    p = json.loads((_profile_run(kind, tmp_path) / "profile.json").read_text())
+    a = p["memory"]["allocator"]
+    print(json.dumps({"kind": kind, "allocator": a, "verdict": p["verdict"]}))
+    assert p["headline"]["verdict"] == "memory-bound", p["verdict"]
+    if kind == "empty_cache":
+        assert a["calls_per_step"] >= A.ALLOC_CALLS_PER_STEP and "no torch.cuda.empty_cache()" in p["verdict"]["lever"]
+    else:
+        assert a["retries"] >= A.ALLOC_RETRIES and a["memory_fraction"] < 1.0
+        assert p["verdict"]["reason"].startswith("the caching allocator retried")

@@ -119,9 +119,9 @@ def test_deltas_of_figures_phases_and_kernels():
 
 
 def test_refusals_and_force():
-    newer = {**make_profile(), "schema_version": 2}
+    older = {**make_profile(), "schema_version": 1}
     with pytest.raises(ProfileFormatError, match="A is profile schema version 1 and B version 2"):
-        compare(make_profile(), newer)
+        compare(older, make_profile())
     infer = variant(mode="infer")
     with pytest.raises(ConfigError, match=r"A profiles training and B inference: compare like with like"):
         compare(make_profile(), infer)  # no run.mode: a training profile

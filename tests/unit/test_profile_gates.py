@@ -24,7 +24,7 @@ def holds(text: str, figures=FIGS, a=None) -> bool:
 def test_fields_are_the_summary_keys():
     assert set(G.FIELDS) == set(FIGS) - {"schema", "schema_version"}
     assert set(G.ALIASES.values()) <= set(G.FIELDS)
-    names = set(re.findall(r'"name": "([a-z-]+)"', inspect.getsource(analyze.verdict)))
+    names = set(re.findall(r'"name": "([a-z-]+)"', inspect.getsource(analyze)))  # verdict and its helpers
     assert names == set(G.VERDICTS)
 
 
@@ -89,7 +89,7 @@ MALFORMED = {
     "step_ms<0.7 and syncs<1": "'0.7 and syncs<1' is not a number",
     "verdict<compute-bound": "verdict is compared with == or != only",
     "verdict==compute-bond": "unknown verdict 'compute-bond' (one of compute-bound, dataloader-bound, host-bound, "
-                             "launch-bound)",
+                             "launch-bound, memory-bound)",
     "mode==val": "unknown mode 'val' (one of train, infer)",
     "cuda_graph==yes": "'yes' is not true or false",
     "cuda_graph>false": "cuda_graph is compared with == or != only",

@@ -12,10 +12,11 @@ from testkit import make_profile
 from libreyolo.errors import ConfigError, DataError
 from libreyolo.predict.options import KEYS
 from libreyolo.profiler import markers
-from libreyolo.profiler.analyze import analyse_first_half, verdict
+from libreyolo.profiler.analyze import analyse_window, verdict
 from libreyolo.profiler.artifacts import FILES, load_profile, summary
 from libreyolo.profiler.infer import InferenceLoop, image_files, run_once, settings
 from libreyolo.profiler.report import print_report
+from libreyolo.profiler.window import steps_needed
 from libreyolo.tasks.detect import SPEC as DETECT
 
 CPU_VERDICTS = {"compute-bound", "dataloader-bound"}
@@ -63,15 +64,16 @@ def test_the_loop_fires_the_trainers_events_in_order(tmp_path, one_thread):
         markers.set_recorder(None)
     step = ["data", ("before_step",), "h2d", "forward", "postprocess", ("after_step",)]
     expected, last = [("before_train", 0, 0, 0)], (0, 0)
-    for it in range(5):  # 3 images at batch 2: two steps a pass, the images cycling
+    total = steps_needed(1, 4)  # as many steps as a window takes (no hook here stops the loop early)
+    for it in range(total):  # 3 images at batch 2: two steps a pass, the images cycling
         epoch, index = divmod(it, 2)
         if index == 0:  # as in the trainer, the counters still hold the last step's
             expected.append(("before_epoch", epoch, *last))
         expected += [s if isinstance(s, str) else (*s, epoch, index, it) for s in step]
-        if index == 1 or it == 4:
+        if index == 1 or it == total - 1:
             expected.append(("after_epoch", epoch, index, it))
         last = (index, it)
-    expected.append(("after_train", 2, 0, 4))
+    expected.append(("after_train", *divmod(total - 1, 2), total - 1))
     assert events.seen == expected
 
 
@@ -88,8 +90,9 @@ def test_a_detector_window_fills_and_writes_the_artifacts(detector):
     assert markers._recorder is None
     assert p["run"]["mode"] == "infer" and p["run"]["arch"] == "yolo9-t" and p["run"]["data"] == "shapes val (32 images)"
     assert (p["run"]["batch"], p["run"]["imgsz"], p["run"]["workers"]) == (1, 64, KEYS["workers"].default)
-    assert p["window"] == {"skip": 3, "steps": 4, "first_half": 2, "second_half": 2, "first_iteration": 3,
-                           "last_iteration": 6}
+    assert p["window"] == {"skip": 3, "timed": 2, "steps": 4, "first_half": 2, "second_half": 2, "ops_steps": 0,
+                           "first_iteration": 3, "last_iteration": 8}
+    assert p["capture"]["region"] == "forward" and p["capture"]["forward_host_ms"] > 0  # predict's graph region
     assert [r["phase"] for r in p["phases"]] == ["data", "h2d", "forward", "postprocess", "other"]
     phases = {r["phase"]: r for r in p["phases"]}
     assert phases["forward"]["synced_ms"] > 0 and phases["postprocess"]["synced_ms"] > 0
@@ -100,7 +103,7 @@ def test_a_detector_window_fills_and_writes_the_artifacts(detector):
     assert summary(p)["mode"] == "infer"
     trace = json.loads((run / "profile_trace.json").read_text())
     steps = [e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
-    assert steps == [f"ProfilerStep#{i}" for i in range(3, 7)]
+    assert steps == [f"ProfilerStep#{i}" for i in range(5, 9)]  # the recorded steps, after the 2 timed ones
     text = _report(p)
     assert text.startswith("profile (inference)\n") and "images shapes val (32 images)" in text
     assert f"verdict: {p['verdict']['name']}" in text and "postprocess" in text and "top 10 CPU ops" in text
@@ -146,9 +149,9 @@ def test_settings_and_sources_are_checked(tmp_path):
     for key, message in bad.items():
         with pytest.raises(ConfigError, match=message):
             settings("yolo9-t", {key: values[key]})
-    with pytest.raises(ConfigError, match="cuda_graph=true needs profile_skip >= 3"):
-        settings("yolo9-t", {"cuda_graph": True, "profile_skip": 2})
-    assert settings("yolo9-t", {"cuda_graph": True, "profile_skip": 3}).cuda_graph
+    with pytest.raises(ConfigError, match="cuda_graph=true needs profile_skip >= 1"):
+        settings("yolo9-t", {"cuda_graph": True, "profile_skip": 0})
+    assert settings("yolo9-t", {"cuda_graph": True, "profile_skip": 1}).cuda_graph
     (tmp_path / "empty").mkdir()
     (tmp_path / "clip.mp4").write_bytes(b"")
     for source, message in ((tmp_path / "empty", "no images"), (tmp_path / "clip.mp4", "reads still images"),
@@ -177,18 +180,18 @@ def _window(post_syncs: int, kernels: int, gap_us: float = 40.0):
 
 def test_inference_verdicts_do_not_count_the_postprocess_syncs():
     steps, events, syncs = _window(post_syncs=3, kernels=220)
-    train = analyse_first_half(copy.deepcopy(steps), events, syncs, True, 2, "float16 autocast")
+    train = analyse_window(copy.deepcopy(steps), events, syncs, True, 2, "float16 autocast")
     assert train["verdict"]["name"] == "host-bound"  # the training rule: 3 syncs per step
-    infer = analyse_first_half(steps, events, syncs, True, 2, "float16 autocast", mode="infer")
+    infer = analyse_window(steps, events, syncs, True, 2, "float16 autocast", mode="infer")
     assert infer["syncs_per_step"] == 3 and infer["postprocess_syncs_per_step"] == 3
     assert infer["verdict"]["name"] == "launch-bound"
     assert infer["verdict"]["lever"].startswith("cuda_graph=true (inference capture")
-    graphed = analyse_first_half(steps, events, syncs, True, 2, "float16 autocast", graphed=True, mode="infer")
+    graphed = analyse_window(steps, events, syncs, True, 2, "float16 autocast", graphed=True, mode="infer")
     assert "the forward already replays as a CUDA graph" in graphed["verdict"]["reason"]
     assert "eager postprocess launches" in graphed["verdict"]["lever"]
     # A sync outside postprocess (an unpinned upload, say) is the step's own: host-bound.
     syncs_h2d = sorted(syncs + [i * 10_000.0 + 60 for i in range(4)])
-    h2d = analyse_first_half(steps, events, syncs_h2d, True, 2, "float16 autocast", mode="infer")
+    h2d = analyse_window(steps, events, syncs_h2d, True, 2, "float16 autocast", mode="infer")
     assert h2d["verdict"]["name"] == "host-bound" and "1.0 host syncs per step outside postprocess" in h2d["verdict"]["reason"]
     assert h2d["verdict"]["lever"].startswith("remove the host syncs outside postprocess")
 

@@ -157,3 +157,66 @@ def test_a_models_designed_syncs_do_not_make_the_step_host_bound():
     assert designed["name"] == "launch-bound"
     named = A.verdict(_figures(syncs_per_step=4.2, designed_syncs_per_step=3.0))
     assert named["name"] == "host-bound" and "(3 of them the model's by design)" in named["reason"]
+
+
+# --- memory-bound ---------------------------------------------------------------------------------
+def test_memory_bound_comes_first_and_names_what_it_saw():
+    calm = _figures(utilisation=0.9, alloc_retries=0, alloc_calls_per_step=0.2, reserved_mb=900.0, limit_mb=1000.0)
+    assert A.memory_signals(calm) == [] and A.verdict(calm)["name"] == "compute-bound"
+    retried = A.verdict({**calm, "alloc_retries": A.ALLOC_RETRIES})  # a compute-bound window with a retry
+    assert retried["name"] == "memory-bound"
+    assert retried["reason"].startswith("the caching allocator retried 1 time in the window")
+    assert retried["reason"].endswith("GPU kernels busy 90% of the step")
+    assert retried["lever"].startswith("a smaller batch or imgsz; or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert "cuda_graph=true (replays allocate nothing" in retried["lever"]
+    churn = A.verdict({**calm, "alloc_calls_per_step": A.ALLOC_CALLS_PER_STEP})
+    assert churn["name"] == "memory-bound" and churn["reason"].startswith("1.0 cudaMalloc/cudaFree calls per step")
+    assert churn["lever"].startswith("no torch.cuda.empty_cache()") and "smaller batch" not in churn["lever"]
+    near = A.verdict({**calm, "reserved_mb": A.NEAR_LIMIT_FRAC * 1000.0})
+    assert near["name"] == "memory-bound" and "reserved memory 950 of 1000 MB (95% of the allocator's limit)" in near["reason"]
+    assert "cuda_graph" not in near["lever"]  # capacity, not churn: a graph's pool needs memory too
+    # What the run already has is not suggested again; float32 gets amp.
+    set_up = A.verdict({**calm, "alloc_retries": 3, "alloc_conf": "expandable_segments:True", "graphed": True,
+                        "precision": "float32"})
+    assert set_up["lever"] == "a smaller batch or imgsz; or amp=true (activations in half the bytes)"
+    assert "3 times" in set_up["reason"]
+    assert A.verdict({**calm, "alloc_retries": 5, "cuda": False})["name"] == "compute-bound"  # a CPU has no allocator
+
+
+def test_allocator_calls_in_the_trace_per_step():
+    trace = gpu_trace([(0, 1, 1)], syncs=[(10, 40, "cudaMalloc"), (20, 5, "cudaFree"), (150, 30, "cudaMalloc"),
+                                          (160, 3, "cudaLaunchKernel"), (300, 9, "cudaMalloc")])
+    assert A.alloc_calls(trace, [(0, 100), (100, 200), (200, 250)]) == [(2, 45.0), (1, 30.0), (0, 0.0)]
+
+
+# --- host operators -------------------------------------------------------------------------------
+def _op(name, tid, ts, dur):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+
+
+def test_host_ops_self_and_total_time_per_step():
+    trace = {"traceEvents": [
+        _op("aten::conv2d", 1, 0, 100), _op("aten::convolution", 1, 5, 90), _op("aten::empty", 1, 10, 10),
+        _op("aten::add", 1, 120, 20),
+        _op("aten::conv2d", 1, 200, 50), _op("aten::convolution", 1, 205, 40),   # step 2
+        _op("aten::to", 1, 300, 30), _op("aten::to", 1, 305, 10),               # recursion, outside the spans
+        _op("autograd::engine::evaluate_function: AddBackward0", 9, 130, 10),    # autograd's device thread
+        _op("aten::pin_memory", 5, 0, 400),                                      # pin-memory thread: not the step's
+    ]}
+    threads = A.step_threads(trace, 1)
+    assert threads == {1, 9}
+    table = A.host_ops(trace, threads, [(0, 150), (200, 260)], steps=2)
+    rows = {r["name"]: r for r in table["rows"]}
+    assert set(rows) == {"aten::conv2d", "aten::convolution", "aten::empty", "aten::add",
+                         "autograd::engine::evaluate_function: AddBackward0"}
+    assert rows["aten::convolution"]["self_ms_per_step"] == pytest.approx((80 + 40) / 2 / 1e3)
+    assert rows["aten::conv2d"]["self_ms_per_step"] == pytest.approx((10 + 10) / 2 / 1e3)
+    assert rows["aten::conv2d"]["total_ms_per_step"] == pytest.approx(150 / 2 / 1e3)
+    assert rows["aten::convolution"]["calls_per_step"] == 1.0
+    assert table["self_ms_per_step"] == pytest.approx((100 + 20 + 10 + 50) / 2 / 1e3)  # every op's self time once
+    assert [r["name"] for r in table["rows"]][0] == "aten::convolution" and table["ops"] == 5
+    assert sum(r["self_share"] for r in table["rows"]) == pytest.approx(1.0)
+    # Without spans: everything on the threads; a recursive op's total counts its outer call only.
+    to = {r["name"]: r for r in A.host_ops(trace, {1}, None, steps=1)["rows"]}["aten::to"]
+    assert (to["calls_per_step"], to["self_ms_per_step"], to["total_ms_per_step"]) == (2, 0.03, 0.03)
+    assert len(A.host_ops(trace, threads, None, steps=1, top=2)["rows"]) == 2

@@ -1,5 +1,6 @@
 """The profiler hook on real tiny CPU training runs, and its analysis on synthetic GPU windows."""
 
+import io
 import json
 import logging
 import time
@@ -11,8 +12,9 @@ from testkit import shapes_subset
 from libreyolo import LibreYOLO
 from libreyolo.profiler import analyze as A
 from libreyolo.profiler import markers
-from libreyolo.profiler.analyze import analyse_first_half
+from libreyolo.profiler.analyze import analyse_window
 from libreyolo.profiler.artifacts import FILES, load_profile
+from libreyolo.profiler.report import print_report
 from libreyolo.profiler.window import ProfilerHook, profiler_hooks
 
 # optimizer=sgd: on a CPU, torch's AdamW (what optimizer=auto picks for short runs) reads its step
@@ -27,11 +29,12 @@ def tiny_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def profiled(tiny_data, tmp_path_factory):
-    """One profiled run: 4 epochs of 2 steps; the window (3 skipped, 2 + 2 measured) crosses two."""
+def profiled(tiny_data, tmp_path_factory, one_thread):
+    """One profiled run: 4 epochs of 2 steps; the window (1 skipped, 2 timed, 2 + 2 recorded) crosses
+    three epoch ends, one inside the timed steps."""
     project = tmp_path_factory.mktemp("profiled")
     return LibreYOLO("yolo9-t").train(data=tiny_data, project=str(project), epochs=4, profile=True,
-                                      profile_skip=3, profile_steps=4, **{**FAST, "imgsz": 128})
+                                      profile_skip=1, profile_steps=4, **{**FAST, "imgsz": 128})
 
 
 def _nested(trace, tid):
@@ -55,16 +58,35 @@ def test_profile_window_writes_artifacts_and_training_continues(profiled):
     assert profiled.epochs_run == 4  # the hook removed itself and training went on
     assert markers._recorder is None
     p = load_profile(run)
-    assert p["window"] == {"skip": 3, "steps": 4, "first_half": 2, "second_half": 2, "first_iteration": 3,
-                           "last_iteration": 6}
-    assert [(s["half"], s["iteration"], s["epoch"]) for s in p["steps"]] == [(1, 3, 1), (1, 4, 2), (2, 5, 2), (2, 6, 3)]
-    h = p["headline"]
+    assert p["window"] == {"skip": 1, "timed": 2, "steps": 4, "first_half": 2, "second_half": 2, "ops_steps": 0,
+                           "first_iteration": 1, "last_iteration": 6}
+    assert [(s["half"], s["iteration"], s["epoch"]) for s in p["steps"]] == [
+        (0, 1, 0), (0, 2, 1), (1, 3, 1), (1, 4, 2), (2, 5, 2), (2, 6, 3)]
+    h, u = p["headline"], p["utilisation"]
     assert h["verdict"] == p["verdict"]["name"] == "compute-bound"  # a plain CPU run computes
     assert 0 < h["data_wait_ms"] < h["step_ms_mean"] and 0.8 <= h["utilisation"] <= 1.0
     assert h["utilisation"] == pytest.approx(1 - h["data_wait_ms"] / h["step_ms_mean"])
+    # The verdict's step and data wait are the unrecorded timed steps'; the overhead compares them
+    # with the recorded unsynchronised ones.
+    timed = [s for s in p["steps"] if s["half"] == 0]
+    assert u["basis"] == "(step - data wait) / step time (unrecorded steps)" and u["timed_steps"] == 2
+    assert h["step_ms_mean"] == pytest.approx(sum(s["wall_ms"] for s in timed) / 2)
+    assert h["data_wait_ms"] == pytest.approx(sum(s["data_ms"] for s in timed) / 2)
+    assert p["overhead"]["reference_ms"] == pytest.approx([s["wall_ms"] for s in timed])
+    assert p["overhead"]["profiled_ms"] == pytest.approx([s["wall_ms"] for s in p["steps"] if s["half"] == 1])
+    assert isinstance(p["overhead"]["fraction"], float)
     assert h["syncs_per_step"] == 0 and h["peak_memory_mb"] > 0 and h["precision"] == "float32"
     assert h["cuda_graph"] is False and p["run"]["cuda_graph"] == {"enabled": False, "replayed_steps": 0, "pool_mb": None}
-    assert isinstance(p["overhead"]["fraction"], float) and len(p["overhead"]["reference_ms"]) == 1
+    # The captured region (YOLOv9: the network) timed around the step's capturable, inside its phases.
+    cap = p["capture"]
+    assert cap["region"] == "network" and cap["forward_host_ms"] > 0 and cap["backward_host_ms"] > 0
+    for s in timed:
+        assert 0 < s["region_ms"]["forward"] <= s["host_ms"]["forward"]
+        assert 0 < s["region_ms"]["backward"] <= s["host_ms"]["backward"]
+    assert cap["busy_ms"] is None and p["memory"]["allocator"] is None  # CPU: no kernels, no caching allocator
+    ops = p["host_ops"]
+    assert ops["steps"] == 2 and ops["rows"][0]["self_ms_per_step"] > 0 and "recorded unsynchronised" in ops["source"]
+    assert any(r["name"].startswith("aten::") and "backward" in r["name"] for r in ops["rows"])  # autograd's ops count
     phases = {r["phase"]: r for r in p["phases"]}
     assert set(phases) == {*markers.PHASES, "other"}
     assert phases["forward"]["synced_ms"] > 0 and phases["backward"]["host_ms"] > 0
@@ -75,11 +97,15 @@ def test_profile_window_writes_artifacts_and_training_continues(profiled):
            {k: h[k] for k in ("verdict", "utilisation", "step_ms_mean")}
     trace = json.loads((run / "profile_trace.json").read_text())
     steps = [e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
-    assert [e["name"] for e in steps] == [f"ProfilerStep#{i}" for i in range(3, 7)]
+    assert [e["name"] for e in steps] == [f"ProfilerStep#{i}" for i in range(3, 7)]  # the recorded steps
     assert trace["distributedInfo"]["rank"] == 0
     assert _nested(trace, steps[0]["tid"])  # our slices nest with the profiler's CPU ops
     html = (run / "timeline.html").read_text()
-    assert "compute-bound" in html and "<script src=" not in html
+    assert "compute-bound" in html and "<script src=" not in html and "timed, unrecorded" in html
+    text = io.StringIO()
+    print_report(p, file=text)
+    assert "window: 2 timed (unrecorded) + 2 recorded unsynchronised + 2 synchronised steps after 1 skipped" in \
+        text.getvalue()
 
 
 def test_profiling_does_not_change_training(profiled, tiny_data, tmp_path):
@@ -119,7 +145,7 @@ def test_planted_faults_show_up(tmp_path, monkeypatch, one_thread):
     assert p["verdict"]["name"] == "dataloader-bound"
     assert "workers=0" in p["verdict"]["lever"] and p["headline"]["data_wait_frac"] > 0.5
     assert p["headline"]["syncs_per_step"] == 1.0
-    assert p["overhead"]["fraction"] is None and "profile_skip >= 3" in p["overhead"]["note"]
+    assert len(p["overhead"]["reference_ms"]) == 1  # one timed step against one recorded: even at profile_skip=1
 
 
 class _FakeTrainer(types.SimpleNamespace):
@@ -163,7 +189,7 @@ def test_training_that_ends_inside_the_window_warns_and_stops_the_profiler(caplo
         hook.after_train(trainer)
     assert markers._recorder is None
     assert [r.message for r in caplog.records] == [
-        "profile: training ended 2 steps into the 6-step window (after 1 of 1 skipped steps); no profile written: "
+        "profile: training ended 2 steps into the 9-step window (after 1 of 1 skipped steps); no profile written: "
         "train longer or lower profile_skip/profile_steps"]
 
 
@@ -186,7 +212,7 @@ def _window(kernels_per_step, wall_us=10_000.0, data_us=50.0, steps=4, syncs_per
 
 def _verdict(kernels, **kw):
     steps, events, syncs = _window(kernels, **kw)
-    return analyse_first_half(steps, events, syncs, True, 4, "float32")
+    return analyse_window(steps, events, syncs, True, 4, "float32")
 
 
 def test_gpu_window_verdicts():
@@ -212,27 +238,56 @@ def test_kernels_launched_late_in_a_step_count_for_that_step():
     # Each step launches 9 ms of kernels but the GPU runs them 5 ms late (the CPU ran ahead):
     # they still belong to the step that launched them, so utilisation stays 0.9.
     steps, events, syncs = _window(lambda t: [(t + j, t + 5000 + 100 * j, 100) for j in range(90)])
-    figures = analyse_first_half(steps, events, syncs, True, 4, "float32")
+    figures = analyse_window(steps, events, syncs, True, 4, "float32")
     assert figures["utilisation"] == pytest.approx(0.9, abs=0.01)
     assert [s["kernels"] for s in steps] == [90] * 4 and A.stats(s["busy_ms"] for s in steps)["mean"] == pytest.approx(9.0)
 
 
-def test_overhead_compares_the_window_with_skipped_steps_of_the_same_kind():
-    hook = ProfilerHook(skip=6, steps=8)  # first half: 4 steps
-    # Step durations (ms): 0 warm-up, 1-2 eager, 3 captures (its replay counts too), 4 replayed,
-    # 5 holds the profiler start, 6-9 the profiled first half (all replayed).
-    durations = [500, 40, 40, 900, 20, 60, 22, 22, 22, 22]
-    replays = [0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7]  # counters read before each step
-    captures = [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1]
-    hook.marks = [sum(durations[:i]) / 1e3 for i in range(len(durations) + 1)]
-    hook.graph_counts = list(zip(replays, captures))
-    o = hook._overhead()
-    assert o["graphed"] is True and o["reference_ms"] == pytest.approx([20.0])
-    assert o["profiled_ms"] == pytest.approx([22.0] * 3) and o["fraction"] == pytest.approx(0.1)
+def test_the_verdict_reads_the_timed_steps_time_and_the_recorded_steps_kernels():
+    """Recorded steps 10 ms long (the profiler's host cost in them), 8 of it in 40 us gaps; the
+    same steps unrecorded take 6 ms. Utilisation and the idle split use the unrecorded time."""
+    steps, events, syncs = _window(lambda t: [(t + 40 * j, t + 40 * j + 5, 10) for j in range(200)])
+    timed = [{"half": 0, "wall_ms": 6.0, "data_ms": 0.05, "host_step_ms": 6.0, "excluded": False,
+              "phases": [{"name": "data", "cpu_ms": 0.05}, {"name": "loss", "cpu_ms": 5.9}]} for _ in range(3)]
+    figures = analyse_window(timed + steps, events, syncs, True, 4, "float32")
+    assert figures["busy_ms"] == pytest.approx(2.0) and figures["utilisation"] == pytest.approx(2.0 / 6.0)
+    assert figures["step_ms"]["mean"] == 6.0 and figures["step_ms_recorded"]["mean"] == 10.0
+    assert figures["utilisation_recorded"] == pytest.approx(0.2) and figures["timed_steps"] == 3
+    assert figures["basis"] == "kernel busy (recorded steps) / step time (unrecorded steps)"
+    assert figures["idle_short_gap_ms"] + figures["idle_long_gap_ms"] + figures["idle_data_ms"] == pytest.approx(4.0)
+    assert figures["host_phases_ms"] == {"loss": pytest.approx(5.9)} and figures["host_step_ms"] == 6.0
+    assert figures["verdict"]["name"] == "launch-bound" and "GPU busy 33%" in figures["verdict"]["reason"]
+    # Timed steps of the other kind (excluded) leave the recorded steps' time, and the basis says so.
+    for t in timed:
+        t["excluded"] = True
+    fallback = analyse_window(timed + steps, events, syncs, True, 4, "float32")
+    assert fallback["utilisation"] == pytest.approx(0.2) and "no unrecorded step of the window's kind" in fallback["basis"]
 
-    hook.graph_counts = [(0, 0)] * len(hook.marks)  # the same steps, all eager: the warm-up stays out
-    o = hook._overhead()
-    assert o["graphed"] is False and o["reference_ms"] == pytest.approx([40.0, 40.0, 900.0, 20.0])
-    hook.graph_counts = list(zip([0, 0, 0, 0, 1, 1, 1, 2, 3, 4, 5], [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1]))
-    o = hook._overhead()  # graphed window, but no replayed skip step besides the capture
-    assert o["fraction"] is None and "raise profile_skip" in o["note"]
+
+def _steps(*rows):
+    """Window step records as window._measure leaves them: (half, wall ms, replayed, captured)."""
+    return [{"half": h, "wall_ms": ms, "replayed": r, "captured": c} for h, ms, r, c in rows]
+
+
+def test_overhead_compares_recorded_with_timed_steps_of_the_same_kind():
+    from libreyolo.profiler.window import _mark_kind
+
+    hook = ProfilerHook(skip=2, steps=6)
+    # A graphed window: the first timed step captures (and replays), the rest replay.
+    steps = _steps((0, 900.0, True, True), (0, 20.0, True, False), (0, 20.0, True, False),
+                   (1, 22.0, True, False), (1, 22.0, True, False), (1, 23.0, True, False), (2, 30.0, True, False))
+    _mark_kind(steps)
+    assert [s["excluded"] for s in steps] == [True] + [False] * 6
+    o = hook._overhead(steps)
+    assert o["graphed"] is True and o["reference_ms"] == [20.0, 20.0] and o["profiled_ms"] == [22.0, 22.0, 23.0]
+    assert o["fraction"] == pytest.approx(0.1)
+    # Eager: every step is of the window's kind, the slow first one included (a median reads past it).
+    steps = _steps((0, 900.0, False, False), (0, 20.0, False, False), (0, 20.0, False, False), (1, 22.0, False, False))
+    _mark_kind(steps)
+    o = hook._overhead(steps)
+    assert o["graphed"] is False and o["reference_ms"] == [900.0, 20.0, 20.0] and o["fraction"] == pytest.approx(0.1)
+    # Graphed recorded steps, but every timed step still eager (the capture came late): nothing to compare.
+    steps = _steps((0, 40.0, False, False), (0, 900.0, True, True), (1, 22.0, True, False), (1, 22.0, True, False))
+    _mark_kind(steps)
+    o = hook._overhead(steps)
+    assert o["fraction"] is None and o["reference_ms"] == [] and "raise profile_skip" in o["note"]

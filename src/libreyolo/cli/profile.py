@@ -17,8 +17,10 @@ from .app import EXTRA, setup_logging, user_errors
 
 profile_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                           context_settings={"help_option_names": ["-h", "--help"]},
-                          help="Profile training or inference: which lever (workers, cuda_graph, amp, batch) "
-                               "will help.")
+                          help="Profile training or inference: which lever (workers, cuda_graph, amp, batch, "
+                               "memory) will help, and what it would buy. run and infer record a window; "
+                               "summary, phases, kernels, ops, what-if and compare read profile.json files "
+                               "(copies too) without importing torch.")
 
 DEFAULT_FAMILY, DEFAULT_SIZE = "yolo9", "s"
 # Keys `profile run` sets itself, and what to do instead.
@@ -122,7 +124,7 @@ def infer(ctx: typer.Context,
     run: verdict, the lever to pull (batch, cuda_graph, amp, workers), phases and top kernels.
     Phases: data (decode, then letterbox or crop: the wait for a prepared batch), h2d, forward,
     postprocess (NMS and the copy of the results to the host). Keys: device, amp, amp_dtype,
-    cuda_graph (needs profile_skip >= 3), workers (decode and prepare threads, default 4; 0: on
+    cuda_graph (needs profile_skip >= 1), workers (decode and prepare threads, default 4; 0: on
     the loop's thread), conf, iou, max_det, profile_skip, profile_steps, project, name, exist_ok. Files:
     profile.json, profile_summary.json, profile_trace.json (Perfetto, HTA), timeline.html, args.yaml.
     """
@@ -289,3 +291,43 @@ def kernels(path: str = typer.Argument(..., metavar="PATH", help="profile.json, 
         typer.echo(json.dumps(kernel_rows(profile, top), indent=1))
     else:
         print_report(profile, file=sys.stdout, sections=("kernels",), top=top)
+
+
+@profile_app.command("what-if")
+@user_errors
+def what_if_cmd(path: str = typer.Argument(..., metavar="PROFILE", help="profile.json, or the run directory holding "
+                                                                      "it (best an eager window)."),
+                as_json: bool = typer.Option(False, "--json", help="The predictions as one JSON object.")) -> None:
+    """What each lever would make of the profiled step, predicted from this one window: cuda_graph=true
+    (the captured region's host time removed, the rest of the step's host time and every kernel
+    kept), amp=true with float16 and with bfloat16 (when the window ran float32: kernel busy
+    times the float16/float32 ratio bench step measured on the H200), both together, and a
+    dataloader that never makes the step wait. Each prediction prints the assumption it rests on."""
+    from ..profiler.artifacts import load_profile
+    from ..profiler.report import print_whatif
+    from ..profiler.whatif import what_if
+
+    result = what_if(load_profile(path), path=path)
+    if as_json:
+        typer.echo(json.dumps(result, indent=1))
+    else:
+        print_whatif(result, file=sys.stdout)
+
+
+@profile_app.command()
+@user_errors
+def ops(path: str = typer.Argument(..., metavar="PROFILE", help="profile.json, or the run directory holding it."),
+        top: int = typer.Option(10, "--top", min=1, help="How many operators."),
+        as_json: bool = typer.Option(False, "--json", help="The table as one JSON object.")) -> None:
+    """The host-side operators that cost the most CPU time per step, by self time (the operator's
+    own Python, dispatch and launch cost): what a launch-bound eager step spends its host time on.
+    On CUDA they come from op steps recorded after the window with CPU activity only (so the
+    window's own figures stay unbent); on a CPU, from the recorded steps."""
+    from ..profiler.artifacts import host_op_table, load_profile
+    from ..profiler.report import print_ops
+
+    table = host_op_table(load_profile(path), top, path=path)
+    if as_json:
+        typer.echo(json.dumps(table, indent=1))
+    else:
+        print_ops(table, file=sys.stdout, top=top)

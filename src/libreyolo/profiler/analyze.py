@@ -1,7 +1,8 @@
 """Trace arithmetic and the verdict, shared by the profiler and the step benchmark.
 
-Nothing here imports torch or model code: `libreyolo profile summary|phases|kernels` and the tests
-use it on plain JSON. Times are microseconds on the trace's clock unless a name ends in `_ms`.
+Nothing here imports torch or model code: `libreyolo profile summary|phases|kernels|what-if|ops`
+and the tests use it on plain JSON. Times are microseconds on the trace's clock unless a name ends
+in `_ms`.
 
 Busy time: per device, the union of `kernel`, `gpu_memcpy` and `gpu_memset`
 intervals over all streams; never `gpu_user_annotation` spans, which run from the first to the
@@ -11,20 +12,38 @@ unsynchronised CPU runs ahead of the GPU, and attributing by launch makes a wind
 the work that window asked for. Kernels that start before their own launch are dropped (repeated
 profiler sessions in one process corrupt the first timestamps, pytorch issue 192021).
 
-The verdict reads the first, unsynchronised half only. W is the summed step wall time, B the busy
-union of the kernels those steps launched, U = B / W the utilisation and I = W - B the idle time.
+The window (window.py) has an unrecorded timed segment (`half` 0: no activity recording, CUDA
+events only), a recorded unsynchronised half (1) and a recorded synchronised half (2). The
+verdict reads the first two. W is the mean step time of the timed steps, which the profiler's own
+per-launch cost cannot lengthen; B the mean busy union of the kernels each recorded
+unsynchronised step launched (kernel durations barely move under the profiler: the cost is on
+the host); U = B / W the utilisation and I = W - B the idle time. A window without timed steps
+of its kind (a CUDA graph captured in all of them) falls back to the recorded steps' time, and
+`utilisation.basis` says so.
 
-1. `compute-bound` when U >= COMPUTE_BOUND_UTIL (0.80). Above 80 % busy, removing every idle
+1. `memory-bound` when the caching allocator shows pressure (the allocator's counters over the
+   timed and recorded steps, the trace's runtime calls in the recorded ones, the reserved memory
+   at the window's edges): at least ALLOC_RETRIES (1) retry, i.e. a failed cudaMalloc after which
+   the allocator synchronised, freed its cached blocks and tried again; or at least
+   ALLOC_CALLS_PER_STEP (1.0) cudaMalloc/cudaFree (cuMemMap/cuMemUnmap under expandable
+   segments) per step, where a warm caching allocator serves a steady step from its cache with
+   none (PyTorch CUDA semantics notes: the cache makes frees "without device synchronizations");
+   or reserved memory at least NEAR_LIMIT_FRAC (0.95) of the allocator's limit (the device's
+   memory times the per-process fraction). It comes first: allocator pressure changes what every
+   other lever does (a larger batch, the compute-bound lever, would not fit; a retry's device
+   sync and cudaFree calls would read as host-bound gaps).
+2. `compute-bound` when U >= COMPUTE_BOUND_UTIL (0.80). Above 80 % busy, removing every idle
    microsecond wins at most 1.25x, while faster kernels (bf16/fp16 tensor cores, a larger batch
    that amortises fixed per-kernel costs) commonly win 1.5-3x: the kernels are the prize.
-2. `dataloader-bound` when the wait for the next batch (time blocked in `next(loader)`, capped at
+3. `dataloader-bound` when the wait for the next batch (time blocked in `next(loader)`, capped at
    I) is at least as large as each idle class below: it is the biggest single piece of idle.
-3. The idle time outside data waits is split by gap length. A gap shorter than LAUNCH_GAP_US
-   (100 us) is what launching costs: an eager op is ~5-30 us of Python, dispatcher and
-   cudaLaunchKernel, so a sub-100 us gap is a few launches back to back. Longer gaps mean the CPU
-   did something else (Python logic, a CPU-side assigner, allocator work, waiting on a sync).
-   `host-bound` when host syncs per step >= HOST_SYNCS_PER_STEP (1.0; the syncs a model makes by
-   design, `model.host_syncs`, not counted) or long-gap idle exceeds
+4. The idle time outside data waits is split by gap length in the recorded steps, and that split
+   is applied to the timed steps' idle (the recorded gaps carry the profiler's host cost). A gap
+   shorter than LAUNCH_GAP_US (100 us) is what launching costs: an eager op is ~5-30 us of Python,
+   dispatcher and cudaLaunchKernel, so a sub-100 us gap is a few launches back to back. Longer
+   gaps mean the CPU did something else (Python logic, a CPU-side assigner, allocator work,
+   waiting on a sync). `host-bound` when host syncs per step >= HOST_SYNCS_PER_STEP (1.0; the
+   syncs a model makes by design, `model.host_syncs`, not counted) or long-gap idle exceeds
    short-gap idle. The step is meant to be sync-free (the loop reads losses back once per
    `log_interval`, 0.1 per step by default); a sync every step means the step waits on the GPU,
    which also keeps CUDA graphs from capturing it. `launch-bound` otherwise.
@@ -65,11 +84,22 @@ SYNC_CALLS = frozenset({
 # (`.item()`, `float(t)`, `bool(t)`) and ops whose output size depends on the data.
 CPU_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"})
 
+# Device-memory calls of the CUDA runtime and driver: the caching allocator's cudaMalloc/cudaFree,
+# expandable segments' cuMem* mapping calls, and allocations that bypass the cache.
+MALLOC_CALLS = frozenset({
+    "cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cuMemAlloc_v2", "cuMemFree_v2",
+    "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap"})
+
 COMPUTE_BOUND_UTIL = 0.80
 LAUNCH_GAP_US = 100.0
 HOST_SYNCS_PER_STEP = 1.0
+ALLOC_RETRIES = 1
+ALLOC_CALLS_PER_STEP = 1.0
+NEAR_LIMIT_FRAC = 0.95
 THRESHOLDS = {"compute_bound_util": COMPUTE_BOUND_UTIL, "launch_gap_us": LAUNCH_GAP_US,
-              "host_syncs_per_step": HOST_SYNCS_PER_STEP}
+              "host_syncs_per_step": HOST_SYNCS_PER_STEP, "alloc_retries": ALLOC_RETRIES,
+              "alloc_calls_per_step": ALLOC_CALLS_PER_STEP, "near_limit_frac": NEAR_LIMIT_FRAC}
+OPS_ROWS = 30  # host operators kept in profile.json's host_ops table
 
 Span = tuple[float, float]
 
@@ -240,6 +270,78 @@ def sync_times(trace: dict, tid: int | None = None) -> list[float]:
     return sorted(float(ev["ts"]) for ev in hits)
 
 
+def alloc_calls(trace: dict, spans: list[Span]) -> list[tuple[int, float]]:
+    """(calls, total us) of device-memory runtime/driver calls (MALLOC_CALLS) starting in each
+    [lo, hi) span, any thread (backward allocates on autograd's device thread)."""
+    hits = sorted((float(ev["ts"]), float(ev.get("dur", 0.0))) for ev in trace.get("traceEvents", [])
+                  if ev.get("ph") == "X" and ev.get("cat") in LAUNCH_CATEGORIES and ev.get("name") in MALLOC_CALLS)
+    times = [t for t, _ in hits]
+    out = []
+    for lo, hi in spans:
+        i, j = bisect_left(times, lo), bisect_left(times, hi)
+        out.append((j - i, sum(d for _, d in hits[i:j])))
+    return out
+
+
+def step_threads(trace: dict, tid: int) -> set:
+    """The threads a training or inference step's host work runs on: the loop's `tid`, and the
+    threads that run autograd's backward functions (the engine's device threads on CUDA). A
+    pin-memory thread works beside the step, not in it, and is left out."""
+    out = {tid}
+    for ev in trace.get("traceEvents", []):
+        if ev.get("ph") == "X" and ev.get("cat") == "cpu_op" and \
+                str(ev.get("name", "")).startswith("autograd::engine::evaluate_function"):
+            out.add(ev.get("tid"))
+    return out
+
+
+def host_ops(trace: dict, threads: set, spans: list[Span] | None, steps: int, top: int | None = OPS_ROWS) -> dict:
+    """The host operators by CPU time per step: `cpu_op` slices on `threads` that start inside
+    one of the sorted, disjoint `spans` (None: anywhere in the trace), over `steps` steps.
+
+    Per name: calls, self time (the slice less the slices nested in it on its thread: the op's own
+    Python, dispatch and launch cost) and total time (counted at the outermost slice of that name,
+    so a recursive op is not counted twice), each per step, and the share of all ops' self time.
+    """
+    los = [lo for lo, _ in spans] if spans is not None else None
+
+    def inside(ts: float) -> bool:
+        if los is None:
+            return True
+        i = bisect_right(los, ts) - 1
+        return i >= 0 and ts < spans[i][1]
+
+    agg: dict[str, list[float]] = {}
+    for tid in threads:
+        stack: list[list] = []  # open slices: [end, name, nested us]
+        open_names: dict[str, int] = {}
+        seen = []
+        for ev in cpu_ops(trace, tid):
+            ts, dur, name = float(ev["ts"]), float(ev.get("dur", 0.0)), str(ev.get("name", ""))
+            while stack and stack[-1][0] <= ts:
+                open_names[stack.pop()[1]] -= 1
+            if stack:
+                stack[-1][2] += dur
+            entry = [ts + dur, name, 0.0]
+            seen.append((ts, dur, entry, open_names.get(name, 0) == 0))
+            stack.append(entry)
+            open_names[name] = open_names.get(name, 0) + 1
+        for ts, dur, entry, outermost in seen:
+            if inside(ts):
+                row = agg.setdefault(entry[1], [0, 0.0, 0.0])
+                row[0] += 1
+                row[1] += max(dur - entry[2], 0.0)
+                row[2] += dur if outermost else 0.0
+    n = max(steps, 1)
+    total_self = sum(r[1] for r in agg.values())
+    rows = [{"name": k, "calls_per_step": v[0] / n, "self_ms_per_step": v[1] / 1e3 / n,
+             "total_ms_per_step": v[2] / 1e3 / n, "self_share": v[1] / total_self if total_self else 0.0}
+            for k, v in agg.items()]
+    rows.sort(key=lambda r: (-r["self_ms_per_step"], r["name"]))
+    return {"steps": steps, "self_ms_per_step": total_self / 1e3 / n, "ops": len(rows),
+            "rows": rows if top is None else rows[:top]}
+
+
 def clock_correction(trace: dict, anchors: list[Span], tolerance_us: float = 20_000.0) -> float:
     """Median offset (trace - ours) between our own device syncs and the trace's records of them.
 
@@ -283,16 +385,68 @@ def stats(values: Iterable[float | None]) -> dict:
             "median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
 
 
+def memory_signals(f: dict) -> list[str]:
+    """The allocator-pressure findings of window figures `f` (empty: none), each one phrase.
+
+    Optional keys: alloc_retries (the caching allocator's retries in the window), alloc_calls_per_step
+    (device-memory calls per step), reserved_mb and limit_mb (reserved memory at the window's
+    edges, the allocator's limit)."""
+    if not f.get("cuda"):
+        return []
+    out = []
+    retries = f.get("alloc_retries") or 0
+    if retries >= ALLOC_RETRIES:
+        out.append(f"the caching allocator retried {retries} time{'s' if retries != 1 else ''} in the window (a "
+                   "cudaMalloc failed: it synchronised, freed its cached blocks and tried again)")
+    calls = f.get("alloc_calls_per_step") or 0.0
+    if calls >= ALLOC_CALLS_PER_STEP:
+        out.append(f"{calls:.1f} cudaMalloc/cudaFree calls per step (a warm caching allocator makes none)")
+    reserved, limit = f.get("reserved_mb"), f.get("limit_mb")
+    if reserved is not None and limit and reserved >= NEAR_LIMIT_FRAC * limit:
+        out.append(f"reserved memory {reserved:.0f} of {limit:.0f} MB ({reserved / limit:.0%} of the allocator's limit)")
+    return out
+
+
+def _memory_verdict(f: dict, signals: list[str]) -> dict:
+    """`memory-bound`, with the levers that fit what was seen: capacity (retries, reserved memory
+    near the limit) wants less memory per step; churn (allocator calls every step, retries) wants
+    fewer allocations per step."""
+    infer = f.get("mode") == "infer"
+    retries = (f.get("alloc_retries") or 0) >= ALLOC_RETRIES
+    near = any(s.startswith("reserved memory") for s in signals)
+    churn = retries or (f.get("alloc_calls_per_step") or 0.0) >= ALLOC_CALLS_PER_STEP
+    levers = []
+    if retries or near:
+        levers.append("a smaller batch" if infer else "a smaller batch or imgsz")
+        if f.get("precision") == "float32":
+            levers.append("amp=true (float16 weights and activations)" if infer else
+                          "amp=true (activations in half the bytes)")
+    if churn and not retries:
+        levers.append("no torch.cuda.empty_cache() or other cache flush inside the step")
+    if "expandable_segments:true" not in str(f.get("alloc_conf") or "").replace(" ", "").lower():
+        levers.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow in place instead of "
+                      "fragmenting into blocks the next step cannot reuse)")
+    if churn and not f.get("graphed"):
+        levers.append("cuda_graph=true (replays allocate nothing: the graph's private pool is allocated once, at "
+                      "capture; it holds about one eager step's peak)")
+    reason = "; ".join(signals) + f"; GPU kernels busy {f['utilisation']:.0%} of the step"
+    return {"name": "memory-bound", "reason": reason, "lever": "; or ".join(levers)}
+
+
 def verdict(f: dict) -> dict:
-    """The verdict from first-half figures (see the module docstring for the rules).
+    """The verdict from window figures (see the module docstring for the rules and their order).
 
     `f` keys: cuda, utilisation, step_ms, data_ms, idle_data_ms, idle_short_ms, idle_long_ms,
     syncs_per_step, kernels_per_step, kernel_median_us, host_phases [(name, ms)], workers, precision;
     optional: graphed, mode ("train" when absent, or "infer"), for "infer"
     postprocess_syncs_per_step, and designed_syncs_per_step (the syncs a training step makes by
     design, `model.host_syncs`: the DETRs' denoising count and matcher), which, like the
-    postprocess syncs, do not count towards HOST_SYNCS_PER_STEP.
+    postprocess syncs, do not count towards HOST_SYNCS_PER_STEP; the allocator figures of
+    `memory_signals` and alloc_conf (PYTORCH_CUDA_ALLOC_CONF as the run had it).
     """
+    signals = memory_signals(f)
+    if signals:
+        return _memory_verdict(f, signals)
     infer = f.get("mode") == "infer"
     util, data_share = f["utilisation"], f["data_ms"] / max(f["step_ms"], 1e-9)
     if infer:
@@ -378,37 +532,59 @@ def _fill_first_half(first: list[dict], events: list[dict], syncs: list[float], 
     return groups
 
 
-def analyse_first_half(steps: list[dict], events: list[dict], syncs: list[float], cuda: bool,
-                       workers: int, precision: str, graphed: bool = False, mode: str = "train",
-                       designed_syncs: float = 0.0) -> dict:
-    """The window's utilisation, idle split and verdict from the unsynchronised half (per-step
-    figures are filled into `steps` too). `graphed`: the window's steps replayed a CUDA graph;
-    `mode`: "train" or "infer" (the step that was measured)."""
+def timed_steps(steps: list[dict]) -> list[dict]:
+    """The unrecorded timed steps (`half` 0) that stand for the window: of its kind (under CUDA
+    graphs, replayed steps), none that captured a graph (window.py marks the others `excluded`)."""
+    return [s for s in steps if s["half"] == 0 and not s.get("excluded")]
+
+
+def analyse_window(steps: list[dict], events: list[dict], syncs: list[float], cuda: bool,
+                   workers: int, precision: str, graphed: bool = False, mode: str = "train",
+                   designed_syncs: float = 0.0, allocator: dict | None = None) -> dict:
+    """The window's utilisation, idle split and verdict (per-step figures are filled into `steps`
+    too): step time, data wait and host phase times from the timed steps, kernels, syncs and the
+    gap split from the recorded unsynchronised half (the module docstring). `graphed`: the window's
+    steps replayed a CUDA graph; `mode`: "train" or "infer" (the step that was measured);
+    `allocator`: the figures of `memory_signals` (CUDA)."""
     first = [s for s in steps if s["half"] == 1]
     groups = _fill_first_half(first, events, syncs, cuda)
-    n = len(first)
-    wall, data = sum(s["wall_ms"] for s in first), sum(s["data_ms"] for s in first)
+    timed = timed_steps(steps)
+    basis_steps = timed or first  # a window with no timed step of its kind: the recorded steps' time
+    n, m = len(first), len(basis_steps)
+    wall_r = sum(s["wall_ms"] for s in first)
+    wall, data = sum(s["wall_ms"] for s in basis_steps) / m, sum(s["data_ms"] for s in basis_steps) / m
     busy_iv = merge((e["ts"], e["end"]) for g in groups for e in g)
-    busy = sum(e - s for s, e in busy_iv) / 1e3 if cuda else wall - data
-    waits = [(p["ts"], p["end"]) for s in first for p in s["phases"] if p["name"] == "data"]
-    short, long = idle_split(busy_iv, [(s["ts"], s["end"]) for s in first], waits) if cuda else (0.0, 0.0)
+    busy = sum(e - s for s, e in busy_iv) / 1e3 / n if cuda else wall - data
+    idle_data = min(data, max(wall - busy, 0.0))
+    short = long = 0.0
+    if cuda:  # the recorded steps' split of their idle by gap length, applied to the timed steps' idle
+        waits = [(p["ts"], p["end"]) for s in first for p in s["phases"] if p["name"] == "data"]
+        short_r, long_r = idle_split(busy_iv, [(s["ts"], s["end"]) for s in first], waits)
+        rest = max(wall - busy - idle_data, 0.0)
+        if short_r + long_r > 0:
+            short, long = rest * short_r / (short_r + long_r), rest * long_r / (short_r + long_r)
     durs = sorted(e["end"] - e["ts"] for g in groups for e in g if e["cat"] == "kernel")
     host: dict[str, float] = {}
-    for p in (p for s in first for p in s["phases"] if p["name"] != "data"):
-        host[p["name"]] = host.get(p["name"], 0.0) + p["cpu_ms"] / n
-    f = {"cuda": cuda, "utilisation": busy / max(wall, 1e-9), "step_ms": wall / n, "data_ms": data / n,
-         "idle_data_ms": min(data, max(wall - busy, 0.0)) / n, "idle_short_ms": short / 1e3 / n,
-         "idle_long_ms": long / 1e3 / n, "syncs_per_step": sum(s["syncs"] for s in first) / n,
-         "kernels_per_step": len(durs) / n, "kernel_median_us": stats(durs)["median"] or 0.0,
+    for p in (p for s in basis_steps for p in s["phases"] if p["name"] != "data"):
+        host[p["name"]] = host.get(p["name"], 0.0) + p["cpu_ms"] / m
+    f = {"cuda": cuda, "utilisation": busy / max(wall, 1e-9), "step_ms": wall, "data_ms": data,
+         "idle_data_ms": idle_data, "idle_short_ms": short, "idle_long_ms": long,
+         "syncs_per_step": sum(s["syncs"] for s in first) / n, "kernels_per_step": len(durs) / n,
+         "kernel_median_us": stats(durs)["median"] or 0.0,
          "host_phases": sorted(host.items(), key=lambda kv: -kv[1]), "workers": workers, "precision": precision,
-         "graphed": graphed, "mode": mode, "designed_syncs_per_step": designed_syncs}
-    out = {"basis": "kernel busy / unsynchronised step time" if cuda else "(step - data wait) / step time",
-           "utilisation": f["utilisation"], "busy_ms": busy / n, "data_ms": data / n,
-           "data_frac": data / max(wall, 1e-9), "step_ms": stats(s["wall_ms"] for s in first),
-           "idle_data_ms": f["idle_data_ms"], "idle_short_gap_ms": f["idle_short_ms"],
-           "idle_long_gap_ms": f["idle_long_ms"], "syncs_per_step": f["syncs_per_step"],
-           "kernels_per_step": f["kernels_per_step"], "kernel_median_us": f["kernel_median_us"],
-           "host_phases_ms": dict(f["host_phases"]), "designed_syncs_per_step": designed_syncs}
+         "graphed": graphed, "mode": mode, "designed_syncs_per_step": designed_syncs, **(allocator or {})}
+    where = "unrecorded steps" if timed else "recorded steps: no unrecorded step of the window's kind"
+    out = {"basis": (f"kernel busy (recorded steps) / step time ({where})" if cuda else
+                     f"(step - data wait) / step time ({where})"),
+           "utilisation": f["utilisation"], "busy_ms": busy, "data_ms": data,
+           "data_frac": data / max(wall, 1e-9), "step_ms": stats(s["wall_ms"] for s in basis_steps),
+           "step_ms_recorded": stats(s["wall_ms"] for s in first),
+           "host_step_ms": stats(s.get("host_step_ms") for s in timed)["mean"],
+           "timed_steps": len(timed), "recorded_steps": n,
+           "idle_data_ms": idle_data, "idle_short_gap_ms": short, "idle_long_gap_ms": long,
+           "syncs_per_step": f["syncs_per_step"], "kernels_per_step": f["kernels_per_step"],
+           "kernel_median_us": f["kernel_median_us"], "host_phases_ms": dict(f["host_phases"]),
+           "designed_syncs_per_step": designed_syncs, "utilisation_recorded": busy * n / max(wall_r, 1e-9)}
     if mode == "infer":
         post = [(p["ts"], p["host_end"]) for s in first for p in s["phases"] if p["name"] == "postprocess"]
         out["postprocess_syncs_per_step"] = f["postprocess_syncs_per_step"] = sum(in_spans(syncs, post)) / n
@@ -426,8 +602,9 @@ def second_half_phases(steps: list[dict], events: list[dict], cuda: bool) -> Non
 
 def phase_table(steps: list[dict], mode: str = "train") -> list[dict]:
     """Mean ms per step of each phase of the `mode`'s step (markers.PHASES_BY_MODE): host time
-    unsynchronised (first half), synced times (second)."""
-    first = [s for s in steps if s["half"] == 1]
+    unsynchronised and unrecorded (the timed steps; without them the recorded first half), synced
+    times (second)."""
+    first = timed_steps(steps) or [s for s in steps if s["half"] == 1]
     second = [s for s in steps if s["half"] == 2]
     synced_step = sum(s["wall_ms"] for s in second) / max(len(second), 1)
     rows = []
@@ -451,7 +628,10 @@ def phase_table(steps: list[dict], mode: str = "train") -> list[dict]:
 
 def public_step(s: dict) -> dict:
     out = {k: s[k] for k in ("half", "iteration", "epoch", "wall_ms", "data_ms")}
-    if s["half"] == 1:
+    if s["half"] == 0:
+        out.update(host_step_ms=s["host_step_ms"], host_ms={p["name"]: p["cpu_ms"] for p in s["phases"]},
+                   region_ms=s.get("region_ms"), excluded=bool(s.get("excluded")))
+    elif s["half"] == 1:
         out.update(busy_ms=s["busy_ms"], kernels=s["kernels"], syncs=s["syncs"],
                    host_ms={p["name"]: p["cpu_ms"] for p in s["phases"]})
     else:

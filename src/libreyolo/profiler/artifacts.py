@@ -23,7 +23,10 @@ SCHEMA = "libreyolo-profile"
 SUMMARY_SCHEMA = "libreyolo-profile-summary"
 REPEAT_SCHEMA = "libreyolo-profile-repeat"  # profile_repeat.json, the aggregate of `profile run --repeat N`
 REPEAT_FILE = "profile_repeat.json"
-SCHEMA_VERSION = 1
+# 2: the verdict's step time and data wait come from unrecorded timed steps (`steps[].half` 0),
+# phases' host_ms too; new `capture`, `host_ops`, `memory.allocator`, `window.timed`/`ops_steps`.
+# Version-1 profiles still read (summary, phases, kernels, compare against version 1).
+SCHEMA_VERSION = 2
 FILES = ("profile.json", "profile_summary.json", "profile_trace.json", "timeline.html")
 # The top-level keys every reader relies on, and their JSON types.
 REQUIRED: dict[str, type] = {"run": dict, "window": dict, "headline": dict, "verdict": dict,
@@ -61,6 +64,7 @@ def annotate_trace(trace: dict, steps: list[dict], pid: int, tid: int) -> dict:
     Span edges are snapped out of the profiler's own slices on that thread so every slice stays
     strictly nested (our edges come from host clocks mapped onto the trace clock).
     """
+    steps = [s for s in steps if s["half"] > 0]  # the timed steps ran before the trace began
     points = []
     for s in steps:
         points += [s["ts"], s["end"], *(x for p in s["phases"] for x in (p["ts"], p["end"]))]
@@ -190,7 +194,21 @@ PROFILE_SHAPE: dict[str, Any] = {
     "steps": ["object"],
     "memory": "object",
     "overhead": {"fraction?": NUM, "note?": "string"},
+    "capture?": "object|null",
+    "host_ops?": "object|null",
 }
+# What `profile what-if` and `profile ops` read beyond the rest (version 2 profiles).
+CAPTURE_SHAPE: dict[str, Any] = {"region": "string", "note?": "string", "forward_host_ms": NUM,
+                                 "backward_host_ms": NUM, "host_ms": NUM, "busy_ms": NUM}
+WHATIF_SHAPE: dict[str, Any] = {
+    "headline": {"step_ms_mean": "number", "kernel_busy_ms": "number", "utilisation": "number"},
+    "utilisation": {"idle_data_ms": "number", "host_step_ms": NUM},
+    "capture": CAPTURE_SHAPE,
+}
+HOST_OPS_SHAPE: dict[str, Any] = {
+    "source": "string", "steps": "integer", "self_ms_per_step": "number",
+    "rows": [{"name": "string", "calls_per_step": "number", "self_ms_per_step": "number",
+              "total_ms_per_step": "number", "self_share": "number"}]}
 REPEAT_SHAPE: dict[str, Any] = {"trials": "integer", "figures": "object", "verdicts": ["string"], "verdict": "string",
                                 "verdict_count": "integer", "mode?": "string", "arch?": "any", "batch?": "any",
                                 "imgsz?": "any"}
@@ -244,3 +262,28 @@ def phase_rows(profile: dict) -> list[dict]:
 def kernel_rows(profile: dict, top: int | None = 10) -> list[dict]:
     rows = list(profile["kernels"]["rows"])
     return rows if top is None else rows[:top]
+
+
+def require(profile: dict, shape: dict[str, Any], what: str, path: str | Path | None = None) -> None:
+    """ProfileFormatError unless `profile` has what a reader (`what`, e.g. 'profile ops') needs:
+    one line naming a profile of an older schema, or the key that is missing or malformed."""
+    where = f"'{profile_path(path)}'" if path is not None else "the profile"
+    version = profile.get("schema_version")
+    if isinstance(version, int) and version < SCHEMA_VERSION:
+        raise ProfileFormatError(f"{where} is profile schema version {version}: {what} reads version "
+                                 f"{SCHEMA_VERSION} profiles (profile the run again)")
+    problem = check_shape(profile, shape)
+    if problem:
+        raise ProfileFormatError(f"{where} has no usable data for {what}: {problem}")
+
+
+def host_op_table(profile: dict, top: int | None = 10, path: str | Path | None = None) -> dict:
+    """`profile ops`: the host operators by CPU time per step, the top `top` rows."""
+    if profile.get("schema_version") == SCHEMA_VERSION and profile.get("host_ops", {}) is None:
+        where = f"'{profile_path(path)}'" if path is not None else "the profile"
+        raise ProfileFormatError(f"{where} has no host-op table (its op steps' trace could not be read when it was "
+                                 f"recorded; the run's log says why)")
+    require(profile, {"host_ops": HOST_OPS_SHAPE}, "profile ops", path)
+    table = dict(profile["host_ops"])
+    table["rows"] = table["rows"] if top is None else table["rows"][:top]
+    return table

@@ -11,8 +11,9 @@ its VALUE may also be `A` (A's same figure) or `N*A` (`step_ms>1.05*A`: B more t
 A gate fails when its expression holds (`--fail-if "utilisation<0.7"` fails a run whose
 utilisation is below 0.7), so a list of gates reads as the conditions that break the build. Every
 gate is parsed before a file is read: a malformed one is a ConfigError line (exit code 2) that
-costs no I/O. A figure the profile did not measure (null, e.g. overhead_frac with profile_skip < 3)
-cannot pass or fail: that is a ConfigError too, rather than a gate that silently never fires.
+costs no I/O. A figure the profile did not measure (null, e.g. overhead_frac of a graphed window
+whose timed steps all ran eager) cannot pass or fail: that is a ConfigError too, rather than a
+gate that silently never fires.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ FIELDS = (*NUMBERS, *TEXTS, *FLAGS)
 ALIASES = {"step_ms": "step_ms_mean", "step_std": "step_ms_std", "utilization": "utilisation",
            "kernel_busy": "kernel_busy_ms", "data_wait": "data_wait_ms", "syncs": "syncs_per_step",
            "peak_memory": "peak_memory_mb"}
-VERDICTS = ("compute-bound", "dataloader-bound", "host-bound", "launch-bound")  # analyze.verdict's names
+VERDICTS = ("compute-bound", "dataloader-bound", "host-bound", "launch-bound", "memory-bound")  # analyze.verdict's names
 MODES = ("train", "infer")
 OPS = ("<", "<=", ">", ">=", "==", "!=")
 _CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}

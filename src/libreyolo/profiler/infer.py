@@ -17,7 +17,7 @@ training one; `mode = "infer"` selects the inference phases and levers (analyze.
   probabilities, copied to the host (a sync by design, which the verdict does not count).
 
 The images cycle: one pass over them is an epoch of ceil(images / batch) full batches, and passes
-repeat until profile_skip + profile_steps steps ran. Without a source the images are the task's
+repeat until the window is done (window.steps_needed: skipped, timed, recorded and op steps). Without a source the images are the task's
 built-in validation set (shapes, shapes-cls: generated offline and cached), DEFAULT_IMAGES of them
 spread over the set.
 """
@@ -48,9 +48,9 @@ from .markers import phase
 log = logging.getLogger("libreyolo")
 
 DEFAULT_IMAGES = 32
-# window._overhead's reference leaves out the first skipped step and the one before the window; a
-# graphed window needs one replayed step between them (the capture is the first step's).
-GRAPH_SKIP = 3
+# The graph is captured at the first batch: with one skipped step the capture stays out of the
+# window (a timed step that captured would be left out of the step time, window._mark_kind).
+GRAPH_SKIP = 1
 # The keys `profile infer` takes: predict's (predict/options.py KEYS), then the window and the output.
 PREDICT_KEYS = ("source", "batch", "imgsz", "device", "amp", "amp_dtype", "cuda_graph", "conf", "iou", "max_det")
 OWN_DEFAULTS = {"workers": PREDICT["workers"].default, "profile_skip": FIELDS["profile_skip"].default,
@@ -101,8 +101,7 @@ def settings(model: str, overrides: dict[str, Any]) -> InferConfig:
     own = {k: check_value(k, overrides.get(k, default)) for k, default in OWN_DEFAULTS.items()}
     if opts["cuda_graph"] and own["profile_skip"] < GRAPH_SKIP:
         raise ConfigError(f"cuda_graph=true needs profile_skip >= {GRAPH_SKIP} (got {own['profile_skip']}): the "
-                          f"first step captures the graph, and the overhead figure compares the window with a "
-                          f"replayed skipped step")
+                          f"first step captures the graph, which the window must not measure")
     return InferConfig(model=model, **{k: opts[k] for k in PREDICT_KEYS}, **own)
 
 
@@ -188,7 +187,8 @@ class _Precision:
 class InferenceLoop:
     """Inference steps with the trainer's hook events around them, in its order (engine/hooks.py):
     before_train; per pass over the images before_epoch, before_step/after_step per step,
-    after_epoch; after_train. Runs until a hook sets `stop` or profile_skip + profile_steps steps ran."""
+    after_epoch; after_train. Runs until a hook sets `stop` or the steps a window needs
+    (window.steps_needed) ran."""
 
     mode = "infer"  # window.loop_mode: inference phases and levers
 
@@ -206,7 +206,9 @@ class InferenceLoop:
         self.opts = PostOptions(cfg.conf, cfg.iou, cfg.max_det, nms=not predictor.end_to_end)
 
     def run(self) -> None:
-        total = self.cfg.profile_skip + self.cfg.profile_steps
+        from .window import steps_needed
+
+        total = steps_needed(self.cfg.profile_skip, self.cfg.profile_steps)
         self._call("before_train")
         done = False
         with contextlib.closing(self._prepared()) as batches:  # closing it ends the prepare threads

@@ -34,12 +34,13 @@ DEFAULTS = {"project": "runs/profile", "name": "prof", "no_aug_epochs": 0, "val"
 def plan(lib, data: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """The train() arguments of one profile run: our defaults, profile=True and enough epochs.
 
-    Enough epochs = ceil((profile_skip + profile_steps) / steps_per_epoch), plus one spare in case
-    broken images shrink the epoch; the hook stops training once its window is done, so the spare
-    epoch only runs when it is needed.
+    Enough epochs = ceil(window.steps_needed(profile_skip, profile_steps) / steps_per_epoch), plus one
+    spare in case broken images shrink the epoch; the hook stops training once its window is done,
+    so the spare epoch only runs when it is needed.
     """
     from ..config import build_config
     from ..tasks import task_for
+    from .window import steps_needed
 
     user = {**DEFAULTS, **overrides, "profile": True}
     # Without `profile`: only the batch and window sizes are needed here.
@@ -47,7 +48,7 @@ def plan(lib, data: str, overrides: dict[str, Any]) -> dict[str, Any]:
                        lib.source.defaults)
     files = len(task_for(lib.source.spec, cfg.task).load_data(data).train)
     per_epoch = max(math.ceil(files / cfg.batch), 1)
-    user["epochs"] = math.ceil((cfg.profile_skip + cfg.profile_steps) / per_epoch) + 1
+    user["epochs"] = math.ceil(steps_needed(cfg.profile_skip, cfg.profile_steps) / per_epoch) + 1
     return user
 
 

@@ -32,11 +32,17 @@ def headline_lines(profile: dict) -> list[str]:
     graph_text = f"on ({graph.get('replayed_steps', 0)} replayed steps)" if graph.get("enabled") else "off"
     w = profile["window"]
     images = f"  images {run.get('data')}" if is_infer(profile) else ""
+    if w.get("timed") is not None:  # schema 2: timed steps before the recorded ones
+        ops = f" + {w['ops_steps']} op steps" if w.get("ops_steps") else ""
+        layout = (f"window: {w['timed']} timed (unrecorded) + {w.get('first_half')} recorded unsynchronised + "
+                  f"{w.get('second_half')} synchronised steps{ops} after {w.get('skip')} skipped")
+    else:
+        layout = (f"window: {w.get('first_half')} unsynchronised + {w.get('second_half')} synchronised steps after "
+                  f"{w.get('skip')} skipped")
     return [
         f"{run.get('arch')}  batch {run.get('batch')}  imgsz {run.get('imgsz')}  workers {run.get('workers')}  "
         f"on {run.get('device_name')}  precision {run.get('precision')}  CUDA graphs {graph_text}{images}",
-        f"window: {w.get('first_half')} unsynchronised + {w.get('second_half')} synchronised steps after "
-        f"{w.get('skip')} skipped",
+        layout,
         f"step {_num(h.get('step_ms_mean'))} ± {_num(h.get('step_ms_std'))} ms   utilisation "
         f"{_num(h.get('utilisation'), '.2f')} ({u.get('basis', '')})",
         f"{'kernel busy' if profile['kernels'].get('kind') == 'kernel' else 'compute'} "
@@ -83,10 +89,11 @@ STEADY_REFERENCE = 5
 def overhead_line(o: dict) -> str:
     """The profiler's overhead as measured, with what it rests on and how noisy that is.
 
-    The figure compares the median profiled step with the median of a few unprofiled skip steps,
-    so its noise is theirs: similar runs measured +417 %, -85.7 % and +16.2 %. A negative figure is
-    printed as measured and explained (the profiler cannot make a step faster: the reference steps
-    were slower)."""
+    The figure compares the median recorded step with the median of the unrecorded timed steps
+    (schema 1: a few unprofiled skipped steps), so its noise is theirs: with skipped steps as the
+    reference, similar runs measured +417 %, -85.7 % and +16.2 %. A negative figure is printed as
+    measured and explained (the profiler cannot make a step faster: the reference steps were
+    slower)."""
     frac = o.get("fraction")
     if frac is None:
         return f"profiler overhead on measured steps: n/a ({o.get('note', '')})"
@@ -104,8 +111,11 @@ def overhead_line(o: dict) -> str:
     elif frac <= spread:
         text += "; within the unprofiled steps' own spread"
     if len(ref) < STEADY_REFERENCE:
-        # The reference is the skip steps but the first and the one before the window.
-        text += f"; profile_skip={STEADY_REFERENCE + 2} or more gives a steadier figure"
+        # Schema 2: the reference is the timed steps, profile_steps // 2 of them; schema 1: the
+        # skipped steps but the first and the one before the window.
+        hint = (f"profile_steps={2 * STEADY_REFERENCE}" if str(o.get("basis", "")).startswith("median recorded")
+                else f"profile_skip={STEADY_REFERENCE + 2}")
+        text += f"; {hint} or more gives a steadier figure"
     return text
 
 
@@ -253,3 +263,44 @@ def print_compare(cmp: dict, file=None, top: int = 10) -> None:
         console.print(line, style="bold magenta", markup=False)
     else:
         out(f"\n{line}")
+
+
+# --- profile what-if and profile ops --------------------------------------------------------------
+def print_whatif(result: dict, file=None) -> None:
+    """A what_if() result: the measured step, one row per lever, then each prediction's assumption."""
+    console = Console(file=file or sys.stdout, highlight=False, soft_wrap=True)
+    out = (lambda s: console.print(s, markup=False))
+    m = result["measured"]
+    kind = "inference" if result["mode"] == "infer" else "training"
+    out(f"what-if ({kind}): {result['arch']}  batch {result['batch']}  imgsz {result['imgsz']}  on "
+        f"{result['device']}  precision {result['precision']}  CUDA graphs {'on' if result['cuda_graph'] else 'off'}")
+    gpu = result.get("kernel_kind") == "kernel"
+    idle = f" ({_num(m['data_idle_ms'], '.2f')} ms of it with the GPU idle)" if gpu else ""
+    out(f"measured: step {_num(m['step_ms'])} ms, {'kernel busy' if gpu else 'compute'} {_num(m['kernel_busy_ms'])} ms "
+        f"(utilisation {_num(m['utilisation'], '.2f')}), host {_num(m['host_step_ms'])} ms per step, of which the "
+        f"captured region ({m['region']}) {_num(m['region_host_ms'])} ms; data wait {_num(m['data_wait_ms'], '.2f')} "
+        f"ms{idle}; verdict {m['verdict']}")
+    rows = []
+    for p in result["predictions"]:
+        span = p["step_ms_range"]
+        rng = f"{_num(span[0])}-{_num(span[1])}" if span and span[0] != span[1] else ""
+        rows.append([p["lever"], _num(p["step_ms"]), rng, _num(p["speedup"], ".2f") + ("x" if p["speedup"] else ""),
+                     p["bound"] or ("n/a" if not p["applies"] else "")])
+    print_table(console, "predicted step (ms per step)", ["lever", "step ms", "range", "speed-up", "bound by"], rows)
+    out("\nassumptions:")
+    for p in result["predictions"]:
+        out(f"- {p['lever']}: {p['assumption'] if p['applies'] else 'n/a: ' + p['assumption']}")
+
+
+def print_ops(table: dict, file=None, top: int = 10) -> None:
+    """The host operators by self CPU time per step (a host_op_table())."""
+    console = Console(file=file or sys.stdout, highlight=False, soft_wrap=True)
+    out = (lambda s: console.print(s, markup=False))
+    out(f"host operators: {table['self_ms_per_step']:.2f} ms of self CPU time per step over {table['ops']} operators; "
+        f"from {table['source']}")
+    rows = [[_short(r["name"]), _num(r["calls_per_step"], ".1f"), _num(r["self_ms_per_step"], ".3f"),
+             _num(r["total_ms_per_step"], ".3f"), f"{100 * r['self_share']:.1f}%"] for r in table["rows"][:top]]
+    print_table(console, f"top {top} host operators by self CPU time per step",
+                ["operator", "calls/step", "self ms/step", "total ms/step", "self share"], rows)
+    out("self: the operator's own host time (Python, dispatch, kernel launches), its nested operators left out; "
+        "total: with them")

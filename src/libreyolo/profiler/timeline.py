@@ -1,8 +1,8 @@
 """timeline.html: one self-contained page (plotly.js inlined, no network) for a profile.
 
-Panels: the verdict banner; step time per step (the unprofiled skip steps, then both halves);
-each step's phases stacked (first half: host time unsynchronised; second half: synchronised
-time); a Gantt of the first two measured steps (kernels by stream on CUDA, top-level CPU ops on
+Panels: the verdict banner; step time per step (the timed unrecorded steps, then both recorded
+halves); each step's phases stacked (timed steps and first half: host time unsynchronised; second
+half: synchronised time); a Gantt of the first two measured steps (kernels by stream on CUDA, top-level CPU ops on
 CPU, with our phase spans); the top kernels by total time. Every name that comes from the trace
 is HTML-escaped: kernel names are full of `<`, `>` and `&` (templates), which plotly would
 otherwise read as markup and a browser could read as the end of the script.
@@ -20,7 +20,7 @@ PHASE_COLOURS = {"data": "#8c564b", "h2d": "#7f7f7f", "forward": "#1f77b4", "los
                  "backward": "#2ca02c", "optimizer": "#d62728", "ema": "#9467bd", "postprocess": "#e377c2",
                  "other": "#bcbd22"}
 VERDICT_COLOURS = {"dataloader-bound": "#8c564b", "launch-bound": "#d62728", "host-bound": "#ff7f0e",
-                   "compute-bound": "#2ca02c"}
+                   "compute-bound": "#2ca02c", "memory-bound": "#9467bd"}
 
 
 def gantt_events(trace: dict, steps: list[dict], cuda: bool, tid: int) -> list[dict]:
@@ -46,15 +46,17 @@ def esc(text: object, width: int | None = None) -> str:
 
 
 def _step_series(fig, go, profile: dict) -> None:
-    ref = profile["overhead"].get("reference_ms") or []
     steps = profile["steps"]
-    if ref:
-        fig.add_trace(go.Scatter(x=list(range(-len(ref), 0)), y=ref, mode="lines+markers", name="unprofiled (skip)",
-                                 line={"color": "#999999"}), row=1, col=1)
-    for half, name in ((1, "unsynchronised"), (2, "synchronised")):
+    if not any(s["half"] == 0 for s in steps):  # schema 1: the unprofiled skipped steps, left of 0
+        ref = profile["overhead"].get("reference_ms") or []
+        if ref:
+            fig.add_trace(go.Scatter(x=list(range(-len(ref), 0)), y=ref, mode="lines+markers",
+                                     name="unprofiled (skip)", line={"color": "#999999"}), row=1, col=1)
+    for half, name in ((0, "timed, unrecorded"), (1, "recorded, unsynchronised"), (2, "synchronised")):
         xs = [i for i, s in enumerate(steps) if s["half"] == half]
-        fig.add_trace(go.Scatter(x=xs, y=[steps[i]["wall_ms"] for i in xs], mode="lines+markers",
-                                 name=f"step ms ({name})"), row=1, col=1)
+        if xs:
+            fig.add_trace(go.Scatter(x=xs, y=[steps[i]["wall_ms"] for i in xs], mode="lines+markers",
+                                     name=f"step ms ({name})"), row=1, col=1)
     fig.add_trace(go.Scatter(x=list(range(len(steps))), y=[s["data_ms"] for s in steps], mode="lines",
                              name="data wait ms", line={"dash": "dot"}), row=1, col=1)
     busy = [(i, s["busy_ms"]) for i, s in enumerate(steps) if s.get("busy_ms") is not None]
@@ -70,7 +72,7 @@ def _stacked_phases(fig, go, profile: dict) -> None:
     for name in names:
         ys = []
         for s in steps:
-            if s["half"] == 1:
+            if s["half"] in (0, 1):
                 ys.append((s.get("host_ms") or {}).get(name, 0.0))
             else:
                 ys.append(((s.get("phases") or {}).get(name) or {}).get("wall_ms") or 0.0)
@@ -104,8 +106,8 @@ def render(profile: dict, gantt: list[dict]) -> str:
 
     kind = "kernels" if profile["kernels"].get("kind") == "kernel" else "top-level CPU ops"
     fig = make_subplots(rows=4, cols=1, vertical_spacing=0.08, row_heights=[0.25, 0.25, 0.25, 0.25],
-                        subplot_titles=("step time (ms); negative x: unprofiled skip steps",
-                                        "phases per step (ms): first half host time, second half synchronised",
+                        subplot_titles=("step time (ms): timed (unrecorded), recorded, synchronised steps",
+                                        "phases per step (ms): host time unsynchronised, then synchronised",
                                         f"first two measured steps: {kind} and phases (ms)", f"top {kind} (total ms)"))
     _step_series(fig, go, profile)
     _stacked_phases(fig, go, profile)

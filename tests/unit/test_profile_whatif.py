@@ -1,0 +1,152 @@
+"""profile what-if on plain profile dicts: each lever's prediction and its assumption, the AMP ratio's
+source, and the profiles it refuses; the bundled recorded profiles (tests/fixtures/profiler)."""
+
+import copy
+import io
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from testkit import make_profile
+
+from libreyolo.errors import ProfileFormatError
+from libreyolo.profiler.artifacts import load_profile
+from libreyolo.profiler.report import print_whatif
+from libreyolo.profiler.whatif import AMP_KERNEL_RATIO, GRAPH, LOADER, what_if
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = sorted((ROOT / "tests" / "fixtures" / "profiler").glob("*.json"))
+
+
+def eager(step=100.0, busy=18.0, host=99.0, fwd=30.0, bwd=45.0, wait=0.5, idle=0.4, precision="float32",
+          region="network"):
+    """A version-2 GPU training profile: an eager window with its captured region timed."""
+    p = make_profile()
+    p["headline"].update(step_ms_mean=step, kernel_busy_ms=busy, utilisation=busy / step, data_wait_ms=wait,
+                         precision=precision)
+    p["run"].update(precision=precision)
+    p["utilisation"].update(idle_data_ms=idle, host_step_ms=host)
+    p["capture"] = {"region": region, "note": "the whole network", "forward_host_ms": fwd, "backward_host_ms": bwd,
+                    "host_ms": fwd + bwd, "busy_ms": 15.0, "kernels_per_step": 3000.0}
+    p["overhead"]["graphed"] = False
+    return p
+
+
+def by_lever(result):
+    return {p["lever"]: p for p in result["predictions"]}
+
+
+def test_graph_removes_the_regions_host_time_and_keeps_the_kernels():
+    out = by_lever(what_if(eager()))
+    g = out[GRAPH]
+    assert g["applies"] and g["step_ms"] == pytest.approx(99.0 - 75.0) and g["bound"] == "host"
+    assert g["speedup"] == pytest.approx(100.0 / 24.0)
+    assert "forward 30.0 + backward 45.0 ms of the 99.0 ms host time" in g["assumption"]
+    # Little host time left outside the region: the kernels set the graphed step.
+    g = by_lever(what_if(eager(fwd=40.0, bwd=50.0)))[GRAPH]
+    assert g["step_ms"] == pytest.approx(18.0) and g["bound"] == "kernels"
+
+
+def test_amp_saves_kernel_time_only_where_the_gpu_is_the_bottleneck():
+    ratio, lo, hi, n = AMP_KERNEL_RATIO["float16"]
+    launch = by_lever(what_if(eager()))["amp=true amp_dtype=float16"]
+    assert launch["step_ms"] == 100.0 and launch["bound"] == "host" and launch["kernel_busy_ms"] == pytest.approx(18 * ratio)
+    assert f"median of {n} configurations" in launch["assumption"] and "utilisation 0.18 < 0.80" in launch["assumption"]
+    compute = by_lever(what_if(eager(step=20.0, busy=18.0, host=19.0)))["amp=true amp_dtype=float16"]
+    assert compute["step_ms"] == pytest.approx(20.0 - 18.0 * (1 - ratio)) and compute["bound"] == "kernels"
+    assert compute["step_ms_range"] == pytest.approx([20.0 - 18.0 * (1 - lo), 20.0 - 18.0 * (1 - hi)])
+    # Graphs and AMP together: the host time without the region against the shrunk kernels.
+    both = by_lever(what_if(eager(fwd=40.0, bwd=50.0)))[f"{GRAPH} amp=true amp_dtype=float16"]
+    assert both["step_ms"] == pytest.approx(18.0 * ratio) and both["bound"] == "kernels"
+    assert both["speedup"] == pytest.approx(100.0 / (18.0 * ratio))
+    reduced = by_lever(what_if(eager(precision="float16 autocast, scaler on")))
+    assert not reduced["amp=true amp_dtype=bfloat16"]["applies"]
+    assert "ran float16 autocast, scaler on already" in reduced["amp=true amp_dtype=float16"]["assumption"]
+    assert f"{GRAPH} amp=true amp_dtype=float16" not in reduced
+
+
+def test_a_loader_that_never_waits_removes_the_idle_part_of_the_wait():
+    p = by_lever(what_if(eager(wait=3.0, idle=2.5)))[LOADER]
+    assert p["step_ms"] == pytest.approx(97.5) and "the 2.50 ms per step the GPU sat idle" in p["assumption"]
+
+
+def test_levers_that_do_not_apply_say_why():
+    graphed = eager()
+    graphed["overhead"]["graphed"] = True
+    assert "already replays a CUDA graph" in by_lever(what_if(graphed))[GRAPH]["assumption"]
+    none = eager(region="none")
+    none["capture"]["note"] = "a dynamic decoder"
+    g = by_lever(what_if(none))[GRAPH]
+    assert not g["applies"] and g["step_ms"] is None and "no capturable region (a dynamic decoder)" in g["assumption"]
+    untimed = eager()
+    untimed["capture"]["backward_host_ms"] = None
+    assert "did not time" in by_lever(what_if(untimed))[GRAPH]["assumption"]
+
+
+def test_inference_windows_take_the_forward_phase_as_the_region():
+    p = eager(bwd=0.0)
+    p["run"]["mode"] = "infer"
+    p["capture"].update(region="forward", backward_host_ms=None, host_ms=30.0)
+    g = by_lever(what_if(p))[GRAPH]
+    assert g["step_ms"] == pytest.approx(69.0) and "the forward phase (predict's graph" in g["assumption"]
+    assert "applied to inference" in by_lever(what_if(p))["amp=true amp_dtype=float16"]["assumption"]
+
+
+def test_refusals_are_one_line():
+    old = {**eager(), "schema_version": 1}
+    with pytest.raises(ProfileFormatError, match=r"is profile schema version 1: profile what-if reads version 2 "
+                                                 r"profiles \(profile the run again\)"):
+        what_if(old)
+    edited = eager()
+    del edited["capture"]
+    with pytest.raises(ProfileFormatError, match="has no usable data for profile what-if: capture is missing"):
+        what_if(edited)
+    edited = eager()
+    edited["capture"]["host_ms"] = "a lot"
+    with pytest.raises(ProfileFormatError, match=r'capture.host_ms is "a lot", not a number or null'):
+        what_if(edited)
+
+
+def test_print_and_json():
+    result = what_if(eager(), path="runs/profile/prof")
+    json.dumps(result)  # --json writes exactly this
+    text = io.StringIO()
+    print_whatif(result, file=text)
+    lines = text.getvalue().splitlines()
+    assert lines[0].startswith("what-if (training): yolo9-t  batch 8  imgsz 640  on NVIDIA H200  precision float32")
+    assert "captured region (network) 75.0 ms" in lines[1]
+    assert any(line.startswith("cuda_graph=true ") and "24.0" in line and "4.17x" in line for line in lines)
+    assert "assumptions:" in lines and sum(line.startswith("- ") for line in lines) == len(result["predictions"])
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+def test_the_bundled_profiles(path):
+    """Recorded profiles, read as standalone copies: every lever answers, and a CPU window only
+    predicts the dataloader."""
+    p = load_profile(path)
+    result = by_lever(what_if(copy.deepcopy(p)))
+    assert set(result) >= {GRAPH, "amp=true amp_dtype=float16", "amp=true amp_dtype=bfloat16", LOADER}
+    for pred in result.values():
+        assert pred["assumption"] and (pred["step_ms"] is None) == (not pred["applies"])
+        if pred["applies"]:
+            assert 0 < pred["step_ms"] <= p["headline"]["step_ms_mean"] * 1.000001
+    if p["kernels"]["kind"] != "kernel":
+        assert [k for k, v in result.items() if v["applies"]] == [LOADER]
+        assert result[LOADER]["step_ms"] == pytest.approx(p["headline"]["step_ms_mean"] - p["headline"]["data_wait_ms"])
+
+
+def test_amp_ratios_are_the_bundled_bench_records():
+    """AMP_KERNEL_RATIO is what bench step measured: each config's eager float16 (bfloat16) kernel
+    busy over its fp32 one, from the records the constant cites."""
+    results = ROOT / "benchmarks" / "results" / "h200"
+    files = sorted(results.glob("step_yolo9-*_b*.json")) + [results / "classify" / "step_classifiers_b16.json"]
+    busy = {}
+    for f in files:
+        for r in json.loads(f.read_text()):
+            busy[(r["arch"], r["batch"], r["arm"])] = r["kernel_busy_ms"]
+    for dtype in ("float16", "bfloat16"):
+        ratios = [busy[(a, b, dtype)] / ms for (a, b, arm), ms in busy.items() if arm == "fp32" and (a, b, dtype) in busy]
+        median, lo, hi, n = AMP_KERNEL_RATIO[dtype]
+        assert len(ratios) == n
+        assert (min(ratios), statistics.median(ratios), max(ratios)) == pytest.approx((lo, median, hi), abs=6e-4)
