@@ -1,7 +1,7 @@
 """On CUDA: SegFormer's training step is sync-free; graphed training equals eager statistically but
 not bitwise (drop-path and the decoder's Dropout2d draw inside the captured graph, and a replay
-draws its own random stream); with those off, graphed equals eager to float32 rounding; the graph
-note is logged once; and it trains graphed from the command line on shapes-seg.
+draws its own random stream); with those off, graphed differs from eager by no more than eager
+differs from itself run to run; the graph note is logged once; and it trains graphed from the command line on shapes-seg.
 
 The figures these tests print (`-s`) are the ones docs/families.md quotes."""
 
@@ -120,32 +120,44 @@ def test_graphed_training_is_eagers_statistically_not_bitwise(batches, caplog, m
 
 
 def test_without_drop_path_graphed_equals_eager_to_float32_rounding(batches):
+    """Drop-path and dropout off, float32: graphed against eager, measured against eager's own
+    run-to-run difference (a second eager run from the same weights). The decoder's and the loss's
+    bilinear upsampling add their backward with atomics, so eager does not repeat to the last bit:
+    on the H200 a fixed 1e-5 bound on the loss failed at the 8th step. The bound is 4 x eager's
+    spread, with float32's 1e-5 as its floor."""
     data, bs = batches
     saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:
-        # SGD, not the recipe's AdamW: the bilinear upsampling's backward adds with atomics (its order
-        # differs run to run, eager or graphed), and AdamW's normalised step turns a rounding-size
-        # difference of a near-zero gradient into a full-size one. SGD's step is linear in the
-        # gradient, so what is compared stays rounding; the optimizer runs eager either way.
+        # SGD, not the recipe's AdamW: AdamW's normalised step turns a rounding-size difference of a
+        # near-zero gradient into a full-size one. SGD's step is linear in the gradient, so what is
+        # compared stays rounding; the optimizer runs eager either way.
         over = dict(stochastic=False, amp=False, optimizer="sgd", lr0=1e-3, momentum=0.9, backbone_lr=1.0)
         _, _, eager_model, eager = _context(data.nc, **over)
+        _, _, again_model, again = _context(data.nc, **over)
         cfg, spec, model, graphed = _context(data.nc, **over)
         manager = _graphed(graphed, cfg, spec, model)
-        worst = 0.0
+        loss_diff = {"again": 0.0, "graphed": 0.0}
         for i, b in enumerate(bs[:12]):
             last = i == 11  # the last step only accumulates: its gradients stay in .grad to compare
-            a = train_step(eager, b, update=not last)
-            g = train_step(graphed, b, update=not last)
-            worst = max(worst, float(((g - a).abs() / a.abs()).max()))
-            torch.testing.assert_close(g, a, rtol=1e-5, atol=1e-6, msg=f"step {i}")
-        pairs = list(zip(eager_model.parameters(), model.parameters()))
-        grad_rel = max(float((q.grad - p.grad).norm() / p.grad.norm()) for p, q in pairs if p.grad.norm() > 0)
-        weight_rel = max(float((q - p).norm() / p.norm()) for p, q in pairs if p.norm() > 0)
-        print(f"SEGFORMER-NUMERICS fp32, drop-path off: max relative loss difference {worst:.2e} over 12 steps; "
-              f"then max per-tensor relative L2 difference: gradients {grad_rel:.2e}, weights {weight_rel:.2e}")
+            a, e2, g = (train_step(ctx, b, update=not last) for ctx in (eager, again, graphed))
+            for name, other in (("again", e2), ("graphed", g)):
+                loss_diff[name] = max(loss_diff[name], float(((other - a).abs() / a.abs()).max()))
+
+        def differences(other_model, name) -> dict[str, float]:
+            pairs = list(zip(eager_model.parameters(), other_model.parameters()))
+            return {"loss": loss_diff[name],
+                    "grad": max(float((q.grad - p.grad).norm() / p.grad.norm()) for p, q in pairs if p.grad.norm() > 0),
+                    "weight": max(float((q - p).norm() / p.norm()) for p, q in pairs if p.norm() > 0)}
+
+        spread, diff = differences(again_model, "again"), differences(model, "graphed")
+        print("SEGFORMER-NUMERICS fp32, drop-path off, 12 steps, max relative loss difference, then max "
+              "per-tensor relative L2 of gradients and weights: eager again vs eager "
+              + ", ".join(f"{k} {v:.2e}" for k, v in spread.items()) + "; graphed vs eager "
+              + ", ".join(f"{k} {v:.2e}" for k, v in diff.items()))
         assert manager.stats()["replayed_steps"] == 12 - CAPTURE_AFTER + 1
-        assert grad_rel < 1e-3  # the weights follow from the losses and gradients; their figure is for the docs
+        for key, value in diff.items():
+            assert value <= max(4 * spread[key], 1e-5), (key, value, spread[key])
     finally:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
 
