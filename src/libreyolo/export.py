@@ -104,7 +104,7 @@ class ExportResult:
     path: Path
     format: str                      # "onnx" | "pt2"
     arch: str                        # "yolo9-t"
-    task: str                        # "detect" | "classify" | "segment"
+    task: str                        # "detect" | "classify" | "points" | "segment"
     imgsz: int
     batch: int                       # the input's batch; with `dynamic`, the first batch checked
     dynamic: bool                    # batch axis dynamic
@@ -188,7 +188,7 @@ def _check_request(format: Any, imgsz: Any, batch: Any, dynamic: Any, opset: Any
         raise ConfigError(f"bad value for 'batch': {batch!r} (allowed: an int >= 1)")
     if imgsz is not None and (not _is_int(imgsz) or imgsz < 1):
         raise ConfigError(f"bad value for 'imgsz': {imgsz!r} (allowed: a positive multiple of the model's largest "
-                          f"stride, 32 for every family, e.g. 640)")
+                          f"stride, 32 for most families, 8 for FOMO, e.g. 640)")
     for key, value in (("dynamic", dynamic), ("check", check)):
         if not isinstance(value, bool):
             raise ConfigError(f"bad value for '{key}': {value!r} (allowed: true or false)")

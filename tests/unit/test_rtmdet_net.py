@@ -6,7 +6,7 @@ from testkit import check_model_contract
 from torch.utils.flop_counter import FlopCounterMode
 
 from libreyolo.config import build_config
-from libreyolo.families import REGISTRY, get_family, parse_arch, weights_name
+from libreyolo.families import get_family, parse_arch, weights_name
 from libreyolo.families.rtmdet import ARCHS, build
 from libreyolo.families.rtmdet.spec import SPEC
 
@@ -88,9 +88,7 @@ def test_priors_are_cell_corners():
     assert strides.flatten().tolist() == [8, 8, 8, 8, 16]
 
 
-def test_spec_names_and_defaults(monkeypatch):
-    if "rtmdet" not in REGISTRY:  # the lead registers it; resolve names the same way meanwhile
-        monkeypatch.setitem(REGISTRY, "rtmdet", SPEC)
+def test_spec_names_and_defaults():
     assert get_family("rtmdet") is SPEC and SPEC.display == "RTMDet"
     assert parse_arch("RTMDet-tiny") == (SPEC, "t") and parse_arch("rtmdet_x") == (SPEC, "x")
     assert weights_name(SPEC, "t") == "LibreRTMDett.pt"

@@ -170,7 +170,8 @@ def _val_help() -> str:
 Prints a per-class table on stderr and the headline metrics on stdout: for a detector images,
 instances, P, R, mAP50, mAP50-95 per class and `mAP50-95 ... mAP50 ...`; for a classifier images,
 top-1, top-5 per class and `top-1 ... top-5 ...`; for a point detector images, instances, P, R, F1
-per class (a point within point_dist px of a box centre) and `F1 ... P ... R ...`. A checkpoint validates at the image size it was trained at, on its training
+per class (a point within point_dist px of a box centre) and `F1 ... P ... R ...`; for a
+segmentation model pixels, IoU, accuracy per class and `mIoU ... pixel acc ...`. A checkpoint validates at the image size it was trained at, on its training
 dataset, unless imgsz= or data= say otherwise; a log line says which size and dataset it used.
 
 Keys (key=, default, meaning):

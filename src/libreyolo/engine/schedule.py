@@ -15,7 +15,8 @@ holds no state that matters beyond the configuration. All values are host-side P
   its mean LR was 16 % lower; docs/training-performance.md has the measured effect.)
 - Warmup, over the first `max(round(warmup_epochs * steps_per_epoch), 100)` batches (or exactly
   `warmup_iters` batches when that is > 0: recipes that count iterations), but never
-  past the start of the last epoch (none when `warmup_epochs == 0` or a one-epoch run): the
+  past the start of the last epoch (none when `warmup_epochs == 0` and `warmup_iters == 0`, or in a
+  one-epoch run): the
   "bias" group's LR goes linearly from `warmup_bias_lr` to the target, the other groups' from 0
   to the target; SGD momentum from `warmup_momentum` to `momentum` (AdamW's beta1 stays at
   `momentum`: it is an averaging constant, not a step size); the batches accumulated per
