@@ -8,6 +8,14 @@ _SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, os.environ.get("PYTHONPATH")) if p)
 
 
+# Under pytest-xdist (`make test` runs a worker per core) each worker takes its share of the cores
+# for torch's intra-op threads, so two workers on two cores do not run four threads.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    import torch
+
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
 # Every test writes its generated datasets and downloads under a per-session temp dir, never ~.
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
