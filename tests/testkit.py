@@ -10,6 +10,22 @@ from libreyolo.families.base import Targets
 from libreyolo.profiler.artifacts import SCHEMA, SCHEMA_VERSION
 
 
+def sync_free_step(ctx, warmup, batch) -> torch.Tensor:
+    """One training step under torch's sync debug mode "error" (any host sync raises), after the
+    `warmup` batches have built cuDNN plans, the allocator's blocks and the optimizer state: the
+    step's loss items. CUDA only."""
+    from libreyolo.engine.step import train_step
+
+    for b in warmup:
+        train_step(ctx, b, update=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return train_step(ctx, batch, update=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 def random_targets(gen, b, m, px, nc, counts, *, min_wh=4.0, pos=0.7, extent=0.5) -> Targets:
     """Padded targets with counts[i] valid boxes in image i (padding rows hold junk on purpose).
 
