@@ -206,7 +206,7 @@ WHATIF_SHAPE: dict[str, Any] = {
     "capture": CAPTURE_SHAPE,
 }
 HOST_OPS_SHAPE: dict[str, Any] = {
-    "source": "string", "steps": "integer", "self_ms_per_step": "number",
+    "source": "string", "steps": "integer", "self_ms_per_step": "number", "ops": "integer",
     "rows": [{"name": "string", "calls_per_step": "number", "self_ms_per_step": "number",
               "total_ms_per_step": "number", "self_share": "number"}]}
 REPEAT_SHAPE: dict[str, Any] = {"trials": "integer", "figures": "object", "verdicts": ["string"], "verdict": "string",
