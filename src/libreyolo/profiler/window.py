@@ -209,9 +209,10 @@ class ProfilerHook(Hook):
         if self.state in ("skip", "done"):
             return
         if self.allocator is not None and self.state in ("timed", "first"):
-            if _may_capture(trainer):  # a capture's own allocations must stay out: mark each step's start
-                self.allocator.pause()
-            self.allocator.resume()
+            if _graphs_enabled(trainer):  # any step may capture: mark each step's start, so drop() forgets that step alone
+                self.allocator.commit()
+            else:
+                self.allocator.resume()
         self.window.append({"iteration": trainer.iteration, "epoch": trainer.epoch, "seg": self.state,
                             "counts0": _graph_counts(trainer), "t_before": time.perf_counter()})
 
@@ -539,12 +540,11 @@ def _graph_counts(trainer) -> tuple[int, int]:
     return getattr(graphs, "replayed_steps", 0), getattr(graphs, "captures", 0)
 
 
-def _may_capture(trainer) -> bool:
-    """Whether the run's CUDA graphs are armed and have captured nothing yet (the next step may
-    capture). A re-capture after an invalidation (YOLOX's L1 switch) is not foreseen: a window that
-    holds one counts its pool's allocations."""
-    graphs = getattr(trainer, "graphs", None)
-    return bool(getattr(graphs, "enabled", False)) and getattr(graphs, "captures", 1) == 0
+def _graphs_enabled(trainer) -> bool:
+    """Whether the run's CUDA graphs are on. Then any step may capture: the first one at a shape's
+    third sighting, a re-capture after an invalidation (YOLOX's L1 switch re-arms the graphs) or a
+    new input size under multi_scale."""
+    return bool(getattr(getattr(trainer, "graphs", None), "enabled", False))
 
 
 def _graph_use(w: dict) -> dict:
@@ -568,10 +568,12 @@ def _mark_kind(steps: list[dict]) -> None:
 
 
 class _AllocatorWatch:
-    """The caching allocator's event counters summed over the window's steps, between
-    resume() and pause() (an epoch's end inside the window is left out: validation and checkpoints
-    allocate; so is a step that captured a CUDA graph), and the largest reserved memory read. num_device_alloc/free count cudaMalloc/cudaFree
-    and expandable segments' cuMemMap/cuMemUnmap (older torch: segments allocated and freed)."""
+    """The caching allocator's event counters summed over the window's steps, from a mark (resume(),
+    or commit() at each step's start while CUDA graphs are on) to pause() (an epoch's end inside the
+    window is left out: validation and checkpoints allocate; so is a step that captured a CUDA
+    graph, with drop()), and the largest reserved memory read. num_device_alloc/free count
+    cudaMalloc/cudaFree and expandable segments' cuMemMap/cuMemUnmap (older torch: segments
+    allocated and freed)."""
 
     KEYS = ("retries", "ooms", "allocs", "frees")
 
@@ -592,15 +594,25 @@ class _AllocatorWatch:
         if self.mark is None:
             self.mark = self._read()
 
+    def commit(self) -> None:
+        """Count up to now and mark again from here, with one read (each step's start while CUDA
+        graphs may capture: a capturing step's drop() then forgets that step's counts alone)."""
+        now = self._read()
+        self._add(now)
+        self.mark = now
+
+    def _add(self, now: dict) -> None:
+        if self.mark is not None:
+            for k in self.KEYS:
+                self.total[k] += now[k] - self.mark[k]
+
     def drop(self) -> None:
-        """Forget the counts since the last resume (a step that captured a CUDA graph)."""
+        """Forget the counts since the last mark (a step that captured a CUDA graph)."""
         self.mark = None
 
     def pause(self) -> None:
         if self.mark is not None:
-            now = self._read()
-            for k in self.KEYS:
-                self.total[k] += now[k] - self.mark[k]
+            self._add(self._read())
             self.mark = None
 
 
