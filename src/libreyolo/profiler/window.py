@@ -181,7 +181,8 @@ class ProfilerHook(Hook):
     skipping `skip`."""
 
     def __init__(self, skip: int, steps: int, *, stop_after_window: bool = False, print_report: bool = True):
-        self.skip, self.steps, self.first, self.timed = skip, steps, max(1, steps // 2), timed_count(steps)
+        self.skip, self.steps = skip, steps
+        self.first = timed_count(steps)  # the recorded unsynchronised half, and as many timed steps before it
         self.stop_after_window, self.print_report = stop_after_window, print_report
         self.state = "skip"  # skip -> timed -> first -> second -> ops (CUDA) -> done
         self.seen = 0
@@ -234,9 +235,9 @@ class ProfilerHook(Hook):
             elif ends_epoch or (self.state == "first" and n == self.first):
                 self.allocator.pause()  # validation and checkpoints between epochs allocate: not the steps'
         if self.state == "timed":
-            if n == self.timed or ends_epoch:
+            if n == self.first or ends_epoch:
                 self.recorder.mark_end()
-            if n == self.timed:
+            if n == self.first:
                 self.recorder.sync()
                 self._start_recording(trainer)
         elif self.state == "first":
@@ -264,7 +265,7 @@ class ProfilerHook(Hook):
         if self.state == "done":
             return
         self._release()
-        total = self.timed + self.steps + (OPS_STEPS if trainer.device.type == "cuda" else 0)
+        total = self.first + self.steps + (OPS_STEPS if trainer.device.type == "cuda" else 0)
         log.warning(f"profile: training ended {len(self.window)} steps into the {total}-step window "
                     f"(after {min(self.seen, self.skip)} of {self.skip} skipped steps); no profile written: "
                     f"train longer or lower profile_skip/profile_steps")
@@ -276,9 +277,7 @@ class ProfilerHook(Hook):
         self.recorder = _Recorder(trainer.device)
         self.recorder.sync()
         if self.cuda:
-            self.allocator = _AllocatorWatch(trainer.device)
-            if trainer.batch_index + 1 != trainer.steps_per_epoch:  # else: from the first step's start
-                self.allocator.resume()
+            self.allocator = _AllocatorWatch(trainer.device)  # counting from the first timed step's start
         ctx = getattr(trainer, "ctx", None)  # the training step's context (inference has none)
         if ctx is not None and callable(getattr(ctx, "capturable", None)):
             self.region = (ctx, ctx.capturable)
@@ -401,7 +400,7 @@ class ProfilerHook(Hook):
         steps = self._measure(trace)
         recorded = [s for s in steps if s["half"] > 0]
         ops = [r for r in self.window if r["seg"] == "ops"]
-        window = {"skip": self.skip, "timed": self.timed, "steps": self.steps, "first_half": self.first,
+        window = {"skip": self.skip, "timed": self.first, "steps": self.steps, "first_half": self.first,
                   "second_half": self.steps - self.first, "ops_steps": len(ops),
                   "first_iteration": steps[0]["iteration"], "last_iteration": recorded[-1]["iteration"]}
         profile = assemble(trainer, steps, trace, self.tid, window, self._overhead(steps),
