@@ -6,6 +6,7 @@ figures themselves are the real GPU tests' (tests/gpu/test_profiler_gpu.py)."""
 
 import itertools
 import json
+import logging
 import threading
 import time
 import types
@@ -134,8 +135,9 @@ class FakeLoop:
             self.step(i)
             if self.stop:
                 break
-        for hook in list(self.hooks):
-            hook.after_epoch(self)
+        for event in ("after_epoch", "after_train"):  # as the Trainer ends its last epoch
+            for hook in list(self.hooks):
+                getattr(hook, event)(self)
 
 
 @pytest.fixture
@@ -205,3 +207,21 @@ def test_a_re_capture_drops_its_own_step_alone(fake_cuda, tmp_path):
     a = p["memory"]["allocator"]
     assert (a["steps"], a["device_allocs"], a["device_frees"]) == (2, 2, 2)  # steps 2 and 3
     assert a["counter_calls_per_step"] == 2.0 and p["verdict"]["name"] == "memory-bound"
+
+
+@pytest.mark.parametrize("op_steps", [1, 0])
+def test_training_that_ends_in_the_op_steps_still_writes_the_profile(fake_cuda, tmp_path, capsys, caplog, op_steps):
+    """`train profile=true` does not budget for the op steps: the recorded window is whole, so the
+    profile is written and the report printed, with the op steps that ran (or no host-op table)."""
+    hook = ProfilerHook(skip=1, steps=2)
+    loop = FakeLoop(hook, tmp_path, fake_cuda, allocs=0)
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        loop.run(1 + 1 + 2 + op_steps)  # skipped, timed, recorded, then the run ends
+    assert hook.state == "done" and loop.hooks == [] and markers._recorder is None
+    p = load_profile(tmp_path)
+    assert p["window"]["ops_steps"] == op_steps and p["window"]["last_iteration"] == 3
+    assert (p["host_ops"] or {}).get("steps") == (op_steps or None)
+    assert capsys.readouterr().err.startswith("profile\n")
+    said = [r.message for r in caplog.records if r.message.startswith("profile: ")]
+    assert said == [f"profile: training ended after {op_steps} of the {OPS_STEPS} op steps; the profile is written "
+                    + ("with a host-op table over 1 step(s)" if op_steps else "without a host-op table")]

@@ -262,6 +262,13 @@ class ProfilerHook(Hook):
         trainer.remove_hook(self)
 
     def after_train(self, trainer) -> None:
+        if self.state == "ops":  # training ended during the op steps: the recorded window is whole
+            done = sum(w["seg"] == "ops" for w in self.window)
+            log.info(f"profile: training ended after {done} of the {OPS_STEPS} op steps; the profile is written "
+                     + (f"with a host-op table over {done} step(s)" if done else "without a host-op table"))
+            self._finish(trainer)
+            self.after_epoch(trainer)  # the report, as at an epoch's end
+            return
         if self.state == "done":
             return
         self._release()
