@@ -54,12 +54,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     no_ops = make_profile()
     no_ops["host_ops"] = None
     (tmp_path / "no_ops.json").write_text(json.dumps(no_ops))
+    truncated = json.loads(FIXTURE.read_text())
+    del truncated["host_ops"]["ops"]  # the operator count print_ops names
+    (tmp_path / "truncated.json").write_text(json.dumps(truncated))
     cases = [(["what-if", str(tmp_path / "gone")], "no profile at"),
              (["ops", str(tmp_path / "gone")], "no profile at"),
              (["what-if", str(tmp_path / "broken.json")], "is not valid JSON"),
              (["what-if", str(tmp_path / "old.json")], "is profile schema version 1: profile what-if reads version 2"),
              (["ops", str(tmp_path / "old.json")], "is profile schema version 1: profile ops reads version 2"),
              (["ops", str(tmp_path / "no_ops.json")], "has no host-op table"),
+             (["ops", str(tmp_path / "truncated.json")], "has no usable data for profile ops: host_ops.ops is missing"),
              (["what-if", str(tmp_path / "no_ops.json")], "has no usable data for profile what-if: utilisation.idle_data_ms is missing")]
     for argv, message in cases:
         code, out, err = run_in_process(["profile", *argv], capsys)

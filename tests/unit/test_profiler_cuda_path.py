@@ -6,6 +6,7 @@ figures themselves are the real GPU tests' (tests/gpu/test_profiler_gpu.py)."""
 
 import itertools
 import json
+import logging
 import threading
 import time
 import types
@@ -68,9 +69,9 @@ class FakeLoop:
     """Trainer-shaped: the events and attributes the hook reads. Each step: a data phase, a forward
     through the step's capturable (a real autograd graph, so the region's gradient hook fires; it
     launches one kernel), a backward; `allocs` device allocations (and frees) per step, and a capture at
-    step `capture_at` with 50 more."""
+    each step of `capture_at` with 50 more (graphs are on when it names any)."""
 
-    def __init__(self, hook, run_dir, allocator, allocs=1, capture_at=None):
+    def __init__(self, hook, run_dir, allocator, allocs=1, capture_at=()):
         self.hooks, self.run_dir, self.allocator = [hook], run_dir, allocator
         self.allocs, self.capture_at = allocs, capture_at
         self.device = torch.device("cuda", 0)
@@ -78,7 +79,7 @@ class FakeLoop:
         self.family = types.SimpleNamespace(name="yolo9", capture=CapturePlan("network", note="the whole network"))
         self.size, self.arch, self.data_cfg = "t", "yolo9-t", types.SimpleNamespace(name="shapes")
         self.precision = types.SimpleNamespace(describe=lambda: "float32")
-        self.graphs = types.SimpleNamespace(enabled=capture_at is not None, captures=0, replayed_steps=0,
+        self.graphs = types.SimpleNamespace(enabled=bool(capture_at), captures=0, replayed_steps=0,
                                             stats=lambda: {"enabled": self.graphs.enabled, "replayed_steps": 0})
         self.weight = torch.ones(4, requires_grad=True)
         self.ctx = types.SimpleNamespace(capturable=self.network)
@@ -115,7 +116,7 @@ class FakeLoop:
                 self.emit("cuda_runtime", "cudaMalloc", 20.0, correlation=next(self.corr))
             self.allocator.stats["num_device_alloc"] += self.allocs
             self.allocator.stats["num_device_free"] += self.allocs
-            if i == self.capture_at:  # a graph's pool, then the capture itself replays
+            if i in self.capture_at:  # a graph's pool, then the capture itself replays
                 self.allocator.stats["num_device_alloc"] += 50
                 self.graphs.captures += 1
             if self.graphs.captures:
@@ -134,8 +135,9 @@ class FakeLoop:
             self.step(i)
             if self.stop:
                 break
-        for hook in list(self.hooks):
-            hook.after_epoch(self)
+        for event in ("after_epoch", "after_train"):  # as the Trainer ends its last epoch
+            for hook in list(self.hooks):
+                getattr(hook, event)(self)
 
 
 @pytest.fixture
@@ -157,7 +159,7 @@ def fake_cuda(monkeypatch):
 
 def test_the_cuda_window_end_to_end(fake_cuda, tmp_path):
     hook = ProfilerHook(skip=1, steps=4, stop_after_window=True, print_report=False)
-    loop = FakeLoop(hook, tmp_path, fake_cuda, allocs=1, capture_at=1)  # the first timed step captures
+    loop = FakeLoop(hook, tmp_path, fake_cuda, allocs=1, capture_at=(1,))  # the first timed step captures
     loop.run(20)
     assert loop.stop and loop.iteration == 1 + 2 + 4 + OPS_STEPS - 1  # skipped, timed, recorded, op steps
     assert loop.ctx.capturable == loop.network  # the step's own capturable is back
@@ -193,3 +195,33 @@ def test_a_calm_allocator_is_no_memory_verdict(fake_cuda, tmp_path):
     p = load_profile(tmp_path)
     assert p["memory"]["allocator"]["calls_per_step"] == 0 and p["verdict"]["name"] != "memory-bound"
     assert p["memory"]["allocator"]["steps"] == 2  # one timed, one recorded unsynchronised
+
+
+def test_a_re_capture_drops_its_own_step_alone(fake_cuda, tmp_path):
+    """A capture after the first (an invalidation's re-capture, a new multi_scale size) forgets that
+    step's allocations only: the counted steps before it keep theirs."""
+    loop = FakeLoop(ProfilerHook(skip=1, steps=4, stop_after_window=True, print_report=False), tmp_path, fake_cuda,
+                    allocs=1, capture_at=(1, 4))  # the first timed step, then the second recorded one
+    loop.run(20)
+    p = load_profile(tmp_path)
+    a = p["memory"]["allocator"]
+    assert (a["steps"], a["device_allocs"], a["device_frees"]) == (2, 2, 2)  # steps 2 and 3
+    assert a["counter_calls_per_step"] == 2.0 and p["verdict"]["name"] == "memory-bound"
+
+
+@pytest.mark.parametrize("op_steps", [1, 0])
+def test_training_that_ends_in_the_op_steps_still_writes_the_profile(fake_cuda, tmp_path, capsys, caplog, op_steps):
+    """`train profile=true` does not budget for the op steps: the recorded window is whole, so the
+    profile is written and the report printed, with the op steps that ran (or no host-op table)."""
+    hook = ProfilerHook(skip=1, steps=2)
+    loop = FakeLoop(hook, tmp_path, fake_cuda, allocs=0)
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        loop.run(1 + 1 + 2 + op_steps)  # skipped, timed, recorded, then the run ends
+    assert hook.state == "done" and loop.hooks == [] and markers._recorder is None
+    p = load_profile(tmp_path)
+    assert p["window"]["ops_steps"] == op_steps and p["window"]["last_iteration"] == 3
+    assert (p["host_ops"] or {}).get("steps") == (op_steps or None)
+    assert capsys.readouterr().err.startswith("profile\n")
+    said = [r.message for r in caplog.records if r.message.startswith("profile: ")]
+    assert said == [f"profile: training ended after {op_steps} of the {OPS_STEPS} op steps; the profile is written "
+                    + ("with a host-op table over 1 step(s)" if op_steps else "without a host-op table")]

@@ -66,7 +66,7 @@ def resolve_weights(weights: str | None, size: str | None) -> str:
 @profile_app.command(context_settings=EXTRA)
 @user_errors
 def run(ctx: typer.Context,
-        data: str = typer.Argument(..., metavar="DATA", help="Dataset: built-in name (shapes, coco128, shapes-cls), a dataset yaml, or a class-folder dataset for a classifier."),
+        data: str = typer.Argument(..., metavar="DATA", help="Dataset: built-in name (shapes, coco128, shapes-cls, shapes-seg), a dataset yaml, a class-folder dataset for a classifier, or an images/ + masks/ folder for a segmenter."),
         weights: str | None = typer.Option(None, "--weights", help="Model: architecture, family, official "
                                                                     "weights name or checkpoint (default yolo9)."),
         size: str | None = typer.Option(None, "--size", help="Size when --weights is a family or absent (default s)."),
@@ -74,7 +74,8 @@ def run(ctx: typer.Context,
         as_json: bool = typer.Option(False, "--json", help="Print the summary (or the repeat aggregate) as JSON.")) -> None:
     """Profile training: libreyolo profile run DATA [--weights W] [--size S] [--repeat N] [key=value ...]
 
-    Trains just enough steps to fill the window (profile_skip, then profile_steps) with
+    Trains just enough steps to fill the window (profile_skip skipped, profile_steps // 2 timed,
+    profile_steps recorded, and on CUDA 2 op steps for the host operators) with
     no_aug_epochs=0 and val=false, into runs/profile/prof (prof2, ... like train runs), and prints
     the report: verdict, the lever to pull, phases and top kernels. Any train key may follow as
     key=value. Files: profile.json, profile_summary.json, profile_trace.json (Perfetto, HTA),
@@ -113,14 +114,14 @@ def infer(ctx: typer.Context,
                                                                  "checkpoint's training size, else the family's)."),
           source: str | None = typer.Option(None, "--source", help="Images: a file, a folder or a glob (default: "
                                                                    "the built-in validation images of the model's "
-                                                                   "task, shapes or shapes-cls)."),
+                                                                   "task: shapes, shapes-cls or shapes-seg)."),
           repeat: int = typer.Option(1, "--repeat", min=1, help="Trials, each in its own process; reports mean ± std."),
           as_json: bool = typer.Option(False, "--json", help="Print the summary (or the repeat aggregate) as JSON.")
           ) -> None:
     """Profile inference: libreyolo profile infer MODEL [--batch N] [--imgsz S] [--source PATH] [--repeat N] [key=value ...]
 
-    Runs predict's own steps over the images, cycling, for one profiler window (profile_skip, then
-    profile_steps), into runs/profile/infer (infer2, ...), and prints the same report as profile
+    Runs predict's own steps over the images, cycling, for one profiler window (profile_skip skipped,
+    profile_steps // 2 timed, profile_steps recorded, on CUDA 2 op steps), into runs/profile/infer (infer2, ...), and prints the same report as profile
     run: verdict, the lever to pull (batch, cuda_graph, amp, workers), phases and top kernels.
     Phases: data (decode, then letterbox or crop: the wait for a prepared batch), h2d, forward,
     postprocess (NMS and the copy of the results to the host). Keys: device, amp, amp_dtype,

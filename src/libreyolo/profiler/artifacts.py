@@ -206,7 +206,7 @@ WHATIF_SHAPE: dict[str, Any] = {
     "capture": CAPTURE_SHAPE,
 }
 HOST_OPS_SHAPE: dict[str, Any] = {
-    "source": "string", "steps": "integer", "self_ms_per_step": "number",
+    "source": "string", "steps": "integer", "self_ms_per_step": "number", "ops": "integer",
     "rows": [{"name": "string", "calls_per_step": "number", "self_ms_per_step": "number",
               "total_ms_per_step": "number", "self_share": "number"}]}
 REPEAT_SHAPE: dict[str, Any] = {"trials": "integer", "figures": "object", "verdicts": ["string"], "verdict": "string",
@@ -281,8 +281,8 @@ def host_op_table(profile: dict, top: int | None = 10, path: str | Path | None =
     """`profile ops`: the host operators by CPU time per step, the top `top` rows."""
     if profile.get("schema_version") == SCHEMA_VERSION and profile.get("host_ops", {}) is None:
         where = f"'{profile_path(path)}'" if path is not None else "the profile"
-        raise ProfileFormatError(f"{where} has no host-op table (its op steps' trace could not be read when it was "
-                                 f"recorded; the run's log says why)")
+        raise ProfileFormatError(f"{where} has no host-op table (training ended before its op steps, or they could "
+                                 f"not be recorded; the run's log says why)")
     require(profile, {"host_ops": HOST_OPS_SHAPE}, "profile ops", path)
     table = dict(profile["host_ops"])
     table["rows"] = table["rows"] if top is None else table["rows"][:top]

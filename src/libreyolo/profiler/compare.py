@@ -1,7 +1,8 @@
 """`libreyolo profile compare A B`: two profiles side by side, and what changed from A to B.
 
 Each report says what bounds its own run; neither says why B is faster or slower than A. The
-headline figures answer it: the verdict's step (analyze.py, the unsynchronised half) is exactly
+headline figures answer it: the verdict's step (analyze.py: its time W and data wait D from the
+timed, unrecorded steps, kernel busy time B from the recorded unsynchronised half) is exactly
 kernel busy time + the part of the data wait that left the GPU idle + the rest of the idle time
 (the gaps between kernels), per step W = B + min(D, W - B) + the rest. The step's change is the
 sum of those three changes, so the change line names each with A's and B's figure, largest change

@@ -18,7 +18,7 @@ training one; `mode = "infer"` selects the inference phases and levers (analyze.
 
 The images cycle: one pass over them is an epoch of ceil(images / batch) full batches, and passes
 repeat until the window is done (window.steps_needed: skipped, timed, recorded and op steps). Without a source the images are the task's
-built-in validation set (shapes, shapes-cls: generated offline and cached), DEFAULT_IMAGES of them
+built-in validation set (shapes, shapes-cls, shapes-seg: generated offline and cached), DEFAULT_IMAGES of them
 spread over the set.
 """
 

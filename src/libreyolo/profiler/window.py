@@ -181,7 +181,8 @@ class ProfilerHook(Hook):
     skipping `skip`."""
 
     def __init__(self, skip: int, steps: int, *, stop_after_window: bool = False, print_report: bool = True):
-        self.skip, self.steps, self.first, self.timed = skip, steps, max(1, steps // 2), timed_count(steps)
+        self.skip, self.steps = skip, steps
+        self.first = timed_count(steps)  # the recorded unsynchronised half, and as many timed steps before it
         self.stop_after_window, self.print_report = stop_after_window, print_report
         self.state = "skip"  # skip -> timed -> first -> second -> ops (CUDA) -> done
         self.seen = 0
@@ -209,9 +210,10 @@ class ProfilerHook(Hook):
         if self.state in ("skip", "done"):
             return
         if self.allocator is not None and self.state in ("timed", "first"):
-            if _may_capture(trainer):  # a capture's own allocations must stay out: mark each step's start
-                self.allocator.pause()
-            self.allocator.resume()
+            if _graphs_enabled(trainer):  # any step may capture: mark each step's start, so drop() forgets that step alone
+                self.allocator.commit()
+            else:
+                self.allocator.resume()
         self.window.append({"iteration": trainer.iteration, "epoch": trainer.epoch, "seg": self.state,
                             "counts0": _graph_counts(trainer), "t_before": time.perf_counter()})
 
@@ -233,9 +235,9 @@ class ProfilerHook(Hook):
             elif ends_epoch or (self.state == "first" and n == self.first):
                 self.allocator.pause()  # validation and checkpoints between epochs allocate: not the steps'
         if self.state == "timed":
-            if n == self.timed or ends_epoch:
+            if n == self.first or ends_epoch:
                 self.recorder.mark_end()
-            if n == self.timed:
+            if n == self.first:
                 self.recorder.sync()
                 self._start_recording(trainer)
         elif self.state == "first":
@@ -260,10 +262,17 @@ class ProfilerHook(Hook):
         trainer.remove_hook(self)
 
     def after_train(self, trainer) -> None:
+        if self.state == "ops":  # training ended during the op steps: the recorded window is whole
+            done = sum(w["seg"] == "ops" for w in self.window)
+            log.info(f"profile: training ended after {done} of the {OPS_STEPS} op steps; the profile is written "
+                     + (f"with a host-op table over {done} step(s)" if done else "without a host-op table"))
+            self._finish(trainer)
+            self.after_epoch(trainer)  # the report, as at an epoch's end
+            return
         if self.state == "done":
             return
         self._release()
-        total = self.timed + self.steps + (OPS_STEPS if trainer.device.type == "cuda" else 0)
+        total = self.first + self.steps + (OPS_STEPS if trainer.device.type == "cuda" else 0)
         log.warning(f"profile: training ended {len(self.window)} steps into the {total}-step window "
                     f"(after {min(self.seen, self.skip)} of {self.skip} skipped steps); no profile written: "
                     f"train longer or lower profile_skip/profile_steps")
@@ -275,9 +284,7 @@ class ProfilerHook(Hook):
         self.recorder = _Recorder(trainer.device)
         self.recorder.sync()
         if self.cuda:
-            self.allocator = _AllocatorWatch(trainer.device)
-            if trainer.batch_index + 1 != trainer.steps_per_epoch:  # else: from the first step's start
-                self.allocator.resume()
+            self.allocator = _AllocatorWatch(trainer.device)  # counting from the first timed step's start
         ctx = getattr(trainer, "ctx", None)  # the training step's context (inference has none)
         if ctx is not None and callable(getattr(ctx, "capturable", None)):
             self.region = (ctx, ctx.capturable)
@@ -400,7 +407,7 @@ class ProfilerHook(Hook):
         steps = self._measure(trace)
         recorded = [s for s in steps if s["half"] > 0]
         ops = [r for r in self.window if r["seg"] == "ops"]
-        window = {"skip": self.skip, "timed": self.timed, "steps": self.steps, "first_half": self.first,
+        window = {"skip": self.skip, "timed": self.first, "steps": self.steps, "first_half": self.first,
                   "second_half": self.steps - self.first, "ops_steps": len(ops),
                   "first_iteration": steps[0]["iteration"], "last_iteration": recorded[-1]["iteration"]}
         profile = assemble(trainer, steps, trace, self.tid, window, self._overhead(steps),
@@ -539,12 +546,11 @@ def _graph_counts(trainer) -> tuple[int, int]:
     return getattr(graphs, "replayed_steps", 0), getattr(graphs, "captures", 0)
 
 
-def _may_capture(trainer) -> bool:
-    """Whether the run's CUDA graphs are armed and have captured nothing yet (the next step may
-    capture). A re-capture after an invalidation (YOLOX's L1 switch) is not foreseen: a window that
-    holds one counts its pool's allocations."""
-    graphs = getattr(trainer, "graphs", None)
-    return bool(getattr(graphs, "enabled", False)) and getattr(graphs, "captures", 1) == 0
+def _graphs_enabled(trainer) -> bool:
+    """Whether the run's CUDA graphs are on. Then any step may capture: the first one at a shape's
+    third sighting, a re-capture after an invalidation (YOLOX's L1 switch re-arms the graphs) or a
+    new input size under multi_scale."""
+    return bool(getattr(getattr(trainer, "graphs", None), "enabled", False))
 
 
 def _graph_use(w: dict) -> dict:
@@ -568,10 +574,12 @@ def _mark_kind(steps: list[dict]) -> None:
 
 
 class _AllocatorWatch:
-    """The caching allocator's event counters summed over the window's steps, between
-    resume() and pause() (an epoch's end inside the window is left out: validation and checkpoints
-    allocate; so is a step that captured a CUDA graph), and the largest reserved memory read. num_device_alloc/free count cudaMalloc/cudaFree
-    and expandable segments' cuMemMap/cuMemUnmap (older torch: segments allocated and freed)."""
+    """The caching allocator's event counters summed over the window's steps, from a mark (resume(),
+    or commit() at each step's start while CUDA graphs are on) to pause() (an epoch's end inside the
+    window is left out: validation and checkpoints allocate; so is a step that captured a CUDA
+    graph, with drop()), and the largest reserved memory read. num_device_alloc/free count
+    cudaMalloc/cudaFree and expandable segments' cuMemMap/cuMemUnmap (older torch: segments
+    allocated and freed)."""
 
     KEYS = ("retries", "ooms", "allocs", "frees")
 
@@ -592,15 +600,25 @@ class _AllocatorWatch:
         if self.mark is None:
             self.mark = self._read()
 
+    def commit(self) -> None:
+        """Count up to now and mark again from here, with one read (each step's start while CUDA
+        graphs may capture: a capturing step's drop() then forgets that step's counts alone)."""
+        now = self._read()
+        self._add(now)
+        self.mark = now
+
+    def _add(self, now: dict) -> None:
+        if self.mark is not None:
+            for k in self.KEYS:
+                self.total[k] += now[k] - self.mark[k]
+
     def drop(self) -> None:
-        """Forget the counts since the last resume (a step that captured a CUDA graph)."""
+        """Forget the counts since the last mark (a step that captured a CUDA graph)."""
         self.mark = None
 
     def pause(self) -> None:
         if self.mark is not None:
-            now = self._read()
-            for k in self.KEYS:
-                self.total[k] += now[k] - self.mark[k]
+            self._add(self._read())
             self.mark = None
 
 
