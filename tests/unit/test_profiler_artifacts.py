@@ -176,6 +176,11 @@ def test_plain_report_when_not_a_terminal():
     out = io.StringIO()
     print_report(make_profile(), file=out, sections=("kernels",), top=1)
     assert "sm90_xmma_gemm" not in out.getvalue() and "vectorized_elementwise_kernel<4" in out.getvalue()
+    detr = make_profile()  # a DETR step's syncs are the model's own (model.host_syncs): the line says so
+    detr["headline"]["syncs_per_step"], detr["utilisation"]["designed_syncs_per_step"] = 3.1, 3.0
+    out = io.StringIO()
+    print_report(detr, file=out)
+    assert "syncs/step 3.10 (3 by design)" in out.getvalue()
 
 
 def test_repeat_aggregate_and_report():

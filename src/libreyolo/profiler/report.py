@@ -32,6 +32,8 @@ def headline_lines(profile: dict) -> list[str]:
     graph_text = f"on ({graph.get('replayed_steps', 0)} replayed steps)" if graph.get("enabled") else "off"
     w = profile["window"]
     images = f"  images {run.get('data')}" if is_infer(profile) else ""
+    designed = u.get("designed_syncs_per_step") or 0  # the model's own (model.host_syncs): a DETR's 3
+    by_design = f" ({designed:g} by design)" if designed else ""
     if w.get("timed") is not None:  # schema 2: timed steps before the recorded ones
         ops = f" + {w['ops_steps']} op steps" if w.get("ops_steps") else ""
         layout = (f"window: {w['timed']} timed (unrecorded) + {w.get('first_half')} recorded unsynchronised + "
@@ -47,7 +49,7 @@ def headline_lines(profile: dict) -> list[str]:
         f"{_num(h.get('utilisation'), '.2f')} ({u.get('basis', '')})",
         f"{'kernel busy' if profile['kernels'].get('kind') == 'kernel' else 'compute'} "
         f"{_num(h.get('kernel_busy_ms'))} ms   data wait {_num(h.get('data_wait_ms'))} ms   "
-        f"syncs/step {_num(h.get('syncs_per_step'), '.2f')}   peak memory {_num(h.get('peak_memory_mb'), '.0f')} MB",
+        f"syncs/step {_num(h.get('syncs_per_step'), '.2f')}{by_design}   peak memory {_num(h.get('peak_memory_mb'), '.0f')} MB",
     ]
 
 
