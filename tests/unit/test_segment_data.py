@@ -182,6 +182,18 @@ def test_a_colour_mask_is_refused(tmp_path, mode):
     assert "masks/train/2.png is " + mode in said and "one channel of class ids" in said
 
 
+def test_a_one_bit_mask_reads_as_classes_0_and_1(tmp_path):
+    root = make_folder(tmp_path / "ds", counts=(("train", 1), ("val", 1)), nc=2)
+    path = root / "masks" / "val" / "0.png"
+    want = np.asarray(Image.open(path)).copy()
+    _save(path, want > 0)  # PIL saves a bool array as a 1-bit ('1') PNG
+    assert Image.open(path).mode == "1"
+    data = load_segment_data(root)
+    assert data.names == ["class0", "class1"]
+    masks = next(iter(build_segment_val_loader(data, cfg(imgsz=48), batch=1))).targets.masks
+    assert torch.equal(masks[0], resize_nearest(torch.from_numpy(want), 48, 48))
+
+
 def test_a_missing_mask_names_the_image_and_the_expected_file(tmp_path):
     said = _bad(tmp_path, lambda r: (r / "masks" / "val" / "1.png").unlink())
     assert said.startswith("val: 1 image(s) have no mask: ") and "images/val/1.png (expected " in said

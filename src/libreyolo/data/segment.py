@@ -2,10 +2,11 @@
 batches.
 
 A mask is a PNG whose pixel values are class ids: 8-bit grey ('L') or palette ('P', whose indices
-are the ids, whatever colours the palette shows), or 16-bit grey for more than 255 classes. The
-dataset's unlabelled pixels hold its ignore value (255 unless a yaml says `ignore_index`); the
-loader maps them to the run's `ignore_index` key (default 255), which is also the padding of
-crops, what the loss skips and what the evaluator does not count. Forms of `data=`:
+are the ids, whatever colours the palette shows), 16-bit grey for more than 255 classes, or 1-bit
+('1', classes 0 and 1: what PIL saves a bool array as). The dataset's unlabelled pixels hold its
+ignore value (255 unless a yaml says `ignore_index`); the loader maps them to the run's
+`ignore_index` key (default 255), which is also the padding of crops, what the loss skips and what
+the evaluator does not count. Forms of `data=`:
 
 - a built-in name: `shapes-seg` (generated on first use, shapes_seg.py);
 - a folder with images/{train,val}/ and masks/{train,val}/: each image's mask has the same path
@@ -70,7 +71,8 @@ from .loader import EpochBatchSampler, EpochLoader, _dataloader
 log = logging.getLogger("libreyolo")
 
 FILE_IGNORE = 255  # a dataset's unlabelled mask value unless its yaml says otherwise
-MASK_MODES = ("L", "P", "I;16", "I;16L", "I;16B", "I")  # single-channel integer PNGs
+# Single-channel integer PNGs; "1" is a 1-bit mask (PIL's mode for a saved bool array), read as 0/1.
+MASK_MODES = ("1", "L", "P", "I;16", "I;16L", "I;16B", "I")
 ADE20K_CLASSES = 150  # the SceneParsing benchmark's classes (CSAILVision/sceneparsing)
 # Cityscapes' 19 training classes, in trainId order (cityscapesscripts helpers/labels.py).
 CITYSCAPES_NAMES = ["road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign",
@@ -290,7 +292,7 @@ def check_pair(image: Path, mask: Path, mask_ignore: int, reduce_zero_label: boo
         with Image.open(mask) as m:
             if m.mode not in MASK_MODES:
                 return (f"mask {mask} is {m.mode} ({len(m.getbands())} channels): a class mask is one channel of "
-                        f"class ids (8-bit grey or palette PNG; 16-bit grey for more classes)"), -1
+                        f"class ids (8-bit grey, palette or 1-bit PNG; 16-bit grey for more classes)"), -1
             if m.size != size:
                 return (f"mask {mask} is {m.size[0]}x{m.size[1]} but its image {image} is {size[0]}x{size[1]}; "
                         f"a mask labels its image pixel for pixel"), -1
