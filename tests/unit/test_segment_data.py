@@ -3,6 +3,7 @@ bad mask as one DataError line naming the file, and the loaders (image and mask 
 random resize-crop and flip, padding ignored, per-sample reproducible, the validation resize,
 multi-process sharding, the batch's dtypes and bench's pack/unpack)."""
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -288,6 +289,12 @@ def test_sixteen_bit_masks_carry_more_than_255_classes(tmp_path):
         build_segment_val_loader(data, cfg())
     masks = next(iter(build_segment_val_loader(data, cfg(imgsz=48, ignore_index=65535), batch=1))).targets.masks
     assert masks.dtype == torch.int64 and masks[0, 0, 0] == 0 and masks[0, 0, 47] == 299
+
+
+def test_the_no_dataset_help_names_the_yaml_keys_the_loader_reads():
+    keys = re.findall(r"\(([^()]*)\)", get_task("segment").data_help)[-1].split(", ")
+    packaged = Path(shapes_seg.__file__).parent.parent / "configs" / "datasets" / "shapes-seg.yaml"
+    assert "train_masks" in keys and set(keys) <= set(yaml.safe_load(packaged.read_text()))
 
 
 def test_a_detection_set_is_refused_in_one_line():
