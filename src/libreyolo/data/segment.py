@@ -52,7 +52,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from ..errors import ConfigError, DataError
-from .classify import VAL_FOLDERS, _iterate, _Unreadable, image_ok, sample_seed
+from .classify import VAL_FOLDERS, ClassTrainLoader, ClassValLoader, _Unreadable, image_ok, sample_seed
 from .dataset import SampleKey, decode_rgb
 from .dataset_yaml import (
     IMAGE_SUFFIXES,
@@ -66,7 +66,6 @@ from .dataset_yaml import (
     _read_text,
     _resolve_root,
 )
-from .loader import EpochBatchSampler, EpochLoader, _dataloader
 
 log = logging.getLogger("libreyolo")
 
@@ -449,37 +448,17 @@ def collate(items) -> SegBatch | _Unreadable:
     return SegBatch(torch.stack([it[0] for it in items]), SegTargets(torch.stack([it[1] for it in items])))
 
 
-class SegTrainLoader(EpochLoader):
-    """Iterable of training SegBatches; call `set_epoch(epoch)` at each epoch start."""
+class SegTrainLoader(ClassTrainLoader):
+    """Iterable of training SegBatches; call `set_epoch(epoch)` at each epoch start (classify.py's
+    loader: the same sampling, multi-process sharding, seeding and pinning)."""
 
-    def __init__(self, dataset: SegTrainDataset, cfg, rank: int = 0, world_size: int = 1):
-        self.dataset = dataset
-        self.num_images = len(dataset)
-        self.sampler = EpochBatchSampler(len(dataset), int(cfg.batch), int(cfg.seed), int(cfg.imgsz), False,
-                                         rank, world_size)
-        self.loader = _dataloader(dataset, cfg, int(cfg.seed) + int(rank), batch_sampler=self.sampler,
-                                  collate_fn=collate)
-        self._fresh = False
-        self.set_epoch(0)
-
-    def _batches(self):
-        return _iterate(self.loader)
+    collate_fn = staticmethod(collate)
 
 
-class SegValLoader:
+class SegValLoader(ClassValLoader):
     """Iterable of validation SegBatches in file order."""
 
-    def __init__(self, dataset: SegValDataset, cfg, batch: int):
-        self.dataset = dataset
-        self.num_images = len(dataset)
-        self.files = dataset.files
-        self.loader = _dataloader(dataset, cfg, int(cfg.seed), batch_size=batch, shuffle=False, collate_fn=collate)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        return _iterate(self.loader)
+    collate_fn = staticmethod(collate)
 
 
 def build_segment_train_loader(data: SegmentData, cfg, rank: int = 0, world_size: int = 1) -> SegTrainLoader:
