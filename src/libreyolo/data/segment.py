@@ -52,6 +52,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from ..errors import ConfigError, DataError
+from ..families.segment import IGNORE_INDEX
 from .classify import VAL_FOLDERS, ClassTrainLoader, ClassValLoader, _Unreadable, image_ok, sample_seed
 from .dataset import SampleKey, decode_rgb
 from .dataset_yaml import (
@@ -69,7 +70,6 @@ from .dataset_yaml import (
 
 log = logging.getLogger("libreyolo")
 
-FILE_IGNORE = 255  # a dataset's unlabelled mask value unless its yaml says otherwise
 # Single-channel integer PNGs; "1" is a 1-bit mask (PIL's mode for a saved bool array), read as 0/1.
 MASK_MODES = ("1", "L", "P", "I;16", "I;16L", "I;16B", "I")
 ADE20K_CLASSES = 150  # the SceneParsing benchmark's classes (CSAILVision/sceneparsing)
@@ -106,7 +106,7 @@ class SegmentData:
     train: list[tuple[Path, Path]]
     val: list[tuple[Path, Path]]
     yaml_path: Path | None = None
-    mask_ignore: int = FILE_IGNORE      # the masks' unlabelled value (mapped to the run's ignore_index)
+    mask_ignore: int = IGNORE_INDEX     # the masks' unlabelled value (mapped to the run's ignore_index)
     reduce_zero_label: bool = False     # mask 0 is unlabelled, the rest shift down by one
 
     @property
@@ -121,7 +121,7 @@ class _Layout(NamedTuple):
     root: Path
     splits: tuple[tuple[Path, Path], tuple[Path, Path]]  # (images, masks) of train, val
     names: list[str] | None
-    mask_ignore: int = FILE_IGNORE
+    mask_ignore: int = IGNORE_INDEX
     reduce_zero_label: bool = False
     cityscapes: bool = False
     yaml_path: Path | None = None
@@ -152,7 +152,7 @@ def _resolve(text: str) -> _Layout:
     names = _parse_names(raw, yaml_path) if "names" in raw else None
     root = _resolve_root(raw, yaml_path, packaged)
     splits = tuple(_yaml_split(raw, s, root, yaml_path) for s in ("train", "val"))
-    ignore = raw.get("ignore_index", FILE_IGNORE)
+    ignore = raw.get("ignore_index", IGNORE_INDEX)
     if not isinstance(ignore, int) or isinstance(ignore, bool) or not 0 <= ignore <= 65535:
         raise DataError(f"dataset yaml {yaml_path}: ignore_index must be an integer in 0..65535, not {ignore!r}")
     reduce = raw.get("reduce_zero_label", False)
@@ -338,7 +338,7 @@ def _encoding(data: SegmentData, cfg) -> _Encoding:
     ignore = int(cfg.ignore_index)
     if ignore < data.nc:
         raise ConfigError(f"ignore_index={ignore} is a class id of {data.name} ({data.nc} classes, 0..{data.nc - 1}): "
-                          f"pick a value >= {data.nc} (255 is the convention)")
+                          f"pick a value >= {data.nc} ({IGNORE_INDEX} is the convention)")
     return _Encoding(data.mask_ignore, data.reduce_zero_label, data.nc, ignore)
 
 

@@ -30,7 +30,10 @@ from torch import nn
 from .classifier import Normalized
 from .common import PerImageLoss, YOLOStyleModel
 
-IGNORE_INDEX = 255  # the convention of mmsegmentation, Cityscapes' trainIds and ADE20K's reduced labels
+# The unlabelled-pixel value of the convention of mmsegmentation, Cityscapes' trainIds and ADE20K's
+# reduced labels: the loss's default, and a dataset's mask value unless its yaml says otherwise
+# (data/segment.py).
+IGNORE_INDEX = 255
 
 
 class SegmentationModel(YOLOStyleModel):
