@@ -23,7 +23,7 @@ def model():
 
 
 def test_encoder_constants_are_mit_b0s(model):
-    stages = model.encoder.stages
+    stages = model.backbone.stages
     assert [s.embed.proj.out_channels for s in stages] == [32, 64, 160, 256]
     assert [len(s.blocks) for s in stages] == [2, 2, 2, 2]
     assert [(s.embed.proj.kernel_size, s.embed.proj.stride, s.embed.proj.padding) for s in stages] == [
@@ -51,7 +51,7 @@ def test_drop_path_rises_linearly_to_0_1_per_image(model):
 def test_stage_strides_and_the_decoder(model):
     x = torch.rand(1, 3, 64, 64)
     with torch.no_grad():
-        feats = model.encoder(x)
+        feats = model.backbone(x)
     assert [tuple(f.shape[1:]) for f in feats] == [(32, 16, 16), (64, 8, 8), (160, 4, 4), (256, 2, 2)]
     dec = model.net.net.decoder
     assert [lin.out_features for lin in dec.linears] == [256] * 4 and dec.fuse.in_channels == 1024
@@ -84,7 +84,8 @@ def test_the_recipes_head_lr_x10_is_the_backbone_hook():
     sched.step(1500)  # warmup done: epoch 0's target
     lrs = {g["name"]: g["lr"] for g in opt.param_groups}
     assert lrs["backbone.weights"] == pytest.approx(6e-5) and lrs["weights"] == pytest.approx(6e-4)
-    encoder = {id(p) for p in model.encoder.parameters()}
+    assert spec.backbone(model) is model.net.net.encoder
+    encoder = {id(p) for p in model.net.net.encoder.parameters()}
     decoder = [p for p in model.parameters() if id(p) not in encoder]
     assert decoder and all(id(p) not in encoder for p in model.net.net.decoder.parameters())
     assert opt.param_groups[0]["weight_decay"] == pytest.approx(0.01)  # batch 16 = nbs 16: unscaled

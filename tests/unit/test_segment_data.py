@@ -3,6 +3,7 @@ bad mask as one DataError line naming the file, and the loaders (image and mask 
 random resize-crop and flip, padding ignored, per-sample reproducible, the validation resize,
 multi-process sharding, the batch's dtypes and bench's pack/unpack)."""
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -182,6 +183,18 @@ def test_a_colour_mask_is_refused(tmp_path, mode):
     assert "masks/train/2.png is " + mode in said and "one channel of class ids" in said
 
 
+def test_a_one_bit_mask_reads_as_classes_0_and_1(tmp_path):
+    root = make_folder(tmp_path / "ds", counts=(("train", 1), ("val", 1)), nc=2)
+    path = root / "masks" / "val" / "0.png"
+    want = np.asarray(Image.open(path)).copy()
+    _save(path, want > 0)  # PIL saves a bool array as a 1-bit ('1') PNG
+    assert Image.open(path).mode == "1"
+    data = load_segment_data(root)
+    assert data.names == ["class0", "class1"]
+    masks = next(iter(build_segment_val_loader(data, cfg(imgsz=48), batch=1))).targets.masks
+    assert torch.equal(masks[0], resize_nearest(torch.from_numpy(want), 48, 48))
+
+
 def test_a_missing_mask_names_the_image_and_the_expected_file(tmp_path):
     said = _bad(tmp_path, lambda r: (r / "masks" / "val" / "1.png").unlink())
     assert said.startswith("val: 1 image(s) have no mask: ") and "images/val/1.png (expected " in said
@@ -276,6 +289,12 @@ def test_sixteen_bit_masks_carry_more_than_255_classes(tmp_path):
         build_segment_val_loader(data, cfg())
     masks = next(iter(build_segment_val_loader(data, cfg(imgsz=48, ignore_index=65535), batch=1))).targets.masks
     assert masks.dtype == torch.int64 and masks[0, 0, 0] == 0 and masks[0, 0, 47] == 299
+
+
+def test_the_no_dataset_help_names_the_yaml_keys_the_loader_reads():
+    keys = re.findall(r"\(([^()]*)\)", get_task("segment").data_help)[-1].split(", ")
+    packaged = Path(shapes_seg.__file__).parent.parent / "configs" / "datasets" / "shapes-seg.yaml"
+    assert "train_masks" in keys and set(keys) <= set(yaml.safe_load(packaged.read_text()))
 
 
 def test_a_detection_set_is_refused_in_one_line():

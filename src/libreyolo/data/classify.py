@@ -355,16 +355,20 @@ def _iterate(loader: torch.utils.data.DataLoader):
 
 
 class ClassTrainLoader(EpochLoader):
-    """Iterable of training ClassBatches; call `set_epoch(epoch)` at each epoch start."""
+    """Iterable of training ClassBatches; call `set_epoch(epoch)` at each epoch start. `dataset` is
+    keyed by SampleKey; another task's loader is a subclass whose `collate_fn` makes its batch
+    (segment.py)."""
 
-    def __init__(self, dataset: ClassTrainDataset, cfg, rank: int = 0, world_size: int = 1):
+    collate_fn = staticmethod(collate)
+
+    def __init__(self, dataset: torch.utils.data.Dataset, cfg, rank: int = 0, world_size: int = 1):
         self.dataset = dataset
         self.num_images = len(dataset)
         self.sampler = EpochBatchSampler(len(dataset), int(cfg.batch), int(cfg.seed), int(cfg.imgsz),
                                          False, rank, world_size)
         # seed + rank, as the detection loader: only third-party code draws from workers' seeds.
         self.loader = _dataloader(dataset, cfg, int(cfg.seed) + int(rank), batch_sampler=self.sampler,
-                                  collate_fn=collate)
+                                  collate_fn=self.collate_fn)
         self._fresh = False
         self.set_epoch(0)  # order and augmentation are keyed by the epoch (SampleKey)
 
@@ -373,15 +377,17 @@ class ClassTrainLoader(EpochLoader):
 
 
 class ClassValLoader:
-    """Iterable of validation ClassBatches in file order."""
+    """Iterable of validation ClassBatches in file order (`dataset.files`); a subclass sets
+    `collate_fn` as ClassTrainLoader's do."""
 
-    def __init__(self, dataset: ClassValDataset, cfg, batch: int):
+    collate_fn = staticmethod(collate)
+
+    def __init__(self, dataset: torch.utils.data.Dataset, cfg, batch: int):
         self.dataset = dataset
         self.num_images = len(dataset)
         self.files = dataset.files
         self.loader = _dataloader(dataset, cfg, int(cfg.seed), batch_size=batch, shuffle=False,
-                                  collate_fn=collate)
-
+                                  collate_fn=self.collate_fn)
 
     def __len__(self) -> int:
         return len(self.loader)

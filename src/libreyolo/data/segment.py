@@ -2,10 +2,11 @@
 batches.
 
 A mask is a PNG whose pixel values are class ids: 8-bit grey ('L') or palette ('P', whose indices
-are the ids, whatever colours the palette shows), or 16-bit grey for more than 255 classes. The
-dataset's unlabelled pixels hold its ignore value (255 unless a yaml says `ignore_index`); the
-loader maps them to the run's `ignore_index` key (default 255), which is also the padding of
-crops, what the loss skips and what the evaluator does not count. Forms of `data=`:
+are the ids, whatever colours the palette shows), 16-bit grey for more than 255 classes, or 1-bit
+('1', classes 0 and 1: what PIL saves a bool array as). The dataset's unlabelled pixels hold its
+ignore value (255 unless a yaml says `ignore_index`); the loader maps them to the run's
+`ignore_index` key (default 255), which is also the padding of crops, what the loss skips and what
+the evaluator does not count. Forms of `data=`:
 
 - a built-in name: `shapes-seg` (generated on first use, shapes_seg.py);
 - a folder with images/{train,val}/ and masks/{train,val}/: each image's mask has the same path
@@ -51,7 +52,8 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from ..errors import ConfigError, DataError
-from .classify import VAL_FOLDERS, _iterate, _Unreadable, image_ok, sample_seed
+from ..families.segment import IGNORE_INDEX
+from .classify import VAL_FOLDERS, ClassTrainLoader, ClassValLoader, _Unreadable, image_ok, sample_seed
 from .dataset import SampleKey, decode_rgb
 from .dataset_yaml import (
     IMAGE_SUFFIXES,
@@ -65,12 +67,11 @@ from .dataset_yaml import (
     _read_text,
     _resolve_root,
 )
-from .loader import EpochBatchSampler, EpochLoader, _dataloader
 
 log = logging.getLogger("libreyolo")
 
-FILE_IGNORE = 255  # a dataset's unlabelled mask value unless its yaml says otherwise
-MASK_MODES = ("L", "P", "I;16", "I;16L", "I;16B", "I")  # single-channel integer PNGs
+# Single-channel integer PNGs; "1" is a 1-bit mask (PIL's mode for a saved bool array), read as 0/1.
+MASK_MODES = ("1", "L", "P", "I;16", "I;16L", "I;16B", "I")
 ADE20K_CLASSES = 150  # the SceneParsing benchmark's classes (CSAILVision/sceneparsing)
 # Cityscapes' 19 training classes, in trainId order (cityscapesscripts helpers/labels.py).
 CITYSCAPES_NAMES = ["road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign",
@@ -105,7 +106,7 @@ class SegmentData:
     train: list[tuple[Path, Path]]
     val: list[tuple[Path, Path]]
     yaml_path: Path | None = None
-    mask_ignore: int = FILE_IGNORE      # the masks' unlabelled value (mapped to the run's ignore_index)
+    mask_ignore: int = IGNORE_INDEX     # the masks' unlabelled value (mapped to the run's ignore_index)
     reduce_zero_label: bool = False     # mask 0 is unlabelled, the rest shift down by one
 
     @property
@@ -120,7 +121,7 @@ class _Layout(NamedTuple):
     root: Path
     splits: tuple[tuple[Path, Path], tuple[Path, Path]]  # (images, masks) of train, val
     names: list[str] | None
-    mask_ignore: int = FILE_IGNORE
+    mask_ignore: int = IGNORE_INDEX
     reduce_zero_label: bool = False
     cityscapes: bool = False
     yaml_path: Path | None = None
@@ -151,7 +152,7 @@ def _resolve(text: str) -> _Layout:
     names = _parse_names(raw, yaml_path) if "names" in raw else None
     root = _resolve_root(raw, yaml_path, packaged)
     splits = tuple(_yaml_split(raw, s, root, yaml_path) for s in ("train", "val"))
-    ignore = raw.get("ignore_index", FILE_IGNORE)
+    ignore = raw.get("ignore_index", IGNORE_INDEX)
     if not isinstance(ignore, int) or isinstance(ignore, bool) or not 0 <= ignore <= 65535:
         raise DataError(f"dataset yaml {yaml_path}: ignore_index must be an integer in 0..65535, not {ignore!r}")
     reduce = raw.get("reduce_zero_label", False)
@@ -290,7 +291,7 @@ def check_pair(image: Path, mask: Path, mask_ignore: int, reduce_zero_label: boo
         with Image.open(mask) as m:
             if m.mode not in MASK_MODES:
                 return (f"mask {mask} is {m.mode} ({len(m.getbands())} channels): a class mask is one channel of "
-                        f"class ids (8-bit grey or palette PNG; 16-bit grey for more classes)"), -1
+                        f"class ids (8-bit grey, palette or 1-bit PNG; 16-bit grey for more classes)"), -1
             if m.size != size:
                 return (f"mask {mask} is {m.size[0]}x{m.size[1]} but its image {image} is {size[0]}x{size[1]}; "
                         f"a mask labels its image pixel for pixel"), -1
@@ -337,7 +338,7 @@ def _encoding(data: SegmentData, cfg) -> _Encoding:
     ignore = int(cfg.ignore_index)
     if ignore < data.nc:
         raise ConfigError(f"ignore_index={ignore} is a class id of {data.name} ({data.nc} classes, 0..{data.nc - 1}): "
-                          f"pick a value >= {data.nc} (255 is the convention)")
+                          f"pick a value >= {data.nc} ({IGNORE_INDEX} is the convention)")
     return _Encoding(data.mask_ignore, data.reduce_zero_label, data.nc, ignore)
 
 
@@ -447,37 +448,17 @@ def collate(items) -> SegBatch | _Unreadable:
     return SegBatch(torch.stack([it[0] for it in items]), SegTargets(torch.stack([it[1] for it in items])))
 
 
-class SegTrainLoader(EpochLoader):
-    """Iterable of training SegBatches; call `set_epoch(epoch)` at each epoch start."""
+class SegTrainLoader(ClassTrainLoader):
+    """Iterable of training SegBatches; call `set_epoch(epoch)` at each epoch start (classify.py's
+    loader: the same sampling, multi-process sharding, seeding and pinning)."""
 
-    def __init__(self, dataset: SegTrainDataset, cfg, rank: int = 0, world_size: int = 1):
-        self.dataset = dataset
-        self.num_images = len(dataset)
-        self.sampler = EpochBatchSampler(len(dataset), int(cfg.batch), int(cfg.seed), int(cfg.imgsz), False,
-                                         rank, world_size)
-        self.loader = _dataloader(dataset, cfg, int(cfg.seed) + int(rank), batch_sampler=self.sampler,
-                                  collate_fn=collate)
-        self._fresh = False
-        self.set_epoch(0)
-
-    def _batches(self):
-        return _iterate(self.loader)
+    collate_fn = staticmethod(collate)
 
 
-class SegValLoader:
+class SegValLoader(ClassValLoader):
     """Iterable of validation SegBatches in file order."""
 
-    def __init__(self, dataset: SegValDataset, cfg, batch: int):
-        self.dataset = dataset
-        self.num_images = len(dataset)
-        self.files = dataset.files
-        self.loader = _dataloader(dataset, cfg, int(cfg.seed), batch_size=batch, shuffle=False, collate_fn=collate)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        return _iterate(self.loader)
+    collate_fn = staticmethod(collate)
 
 
 def build_segment_train_loader(data: SegmentData, cfg, rank: int = 0, world_size: int = 1) -> SegTrainLoader:

@@ -172,17 +172,24 @@ def _overlap(x0, y0, bw, bh, other) -> float:
 
 def _draw(img: np.ndarray, rng, cls: int, x0: float, y0: float, bw: float, bh: float) -> None:
     """Blend one shape into img, anti-aliased, over its bounding-box patch."""
-    h, w = img.shape[:2]
+    window, dist = shape_distance(img.shape[:2], cls, x0, y0, bw, bh)
+    alpha = np.clip(0.5 - dist, 0.0, 1.0)[..., None]
+    color = np.clip(COLORS[cls] + rng.uniform(-12, 12, size=3), 0, 255).astype(np.float32)
+    patch = img[window]
+    patch += alpha * (color - patch)
+
+
+def shape_distance(size: tuple[int, int], cls: int, x0: float, y0: float, bw: float,
+                   bh: float) -> tuple[tuple[slice, slice], np.ndarray]:
+    """(rows, cols) of the patch a class-`cls` shape with box (x0, y0, bw, bh) touches in an image
+    of `size` (h, w), and the shape's signed distance at that patch's pixel centres."""
+    h, w = size
     c0, r0 = int(np.floor(x0)), int(np.floor(y0))
     c1, r1 = min(w, int(np.ceil(x0 + bw)) + 1), min(h, int(np.ceil(y0 + bh)) + 1)
     # Pixel centres, relative to the shape centre.
     xs = np.arange(c0, c1, dtype=np.float32)[None, :] + 0.5 - (x0 + bw / 2)
     ys = np.arange(r0, r1, dtype=np.float32)[:, None] + 0.5 - (y0 + bh / 2)
-    dist = _sdf(NAMES[cls], xs, ys, bw / 2, bh / 2)
-    alpha = np.clip(0.5 - dist, 0.0, 1.0)[..., None]
-    color = np.clip(COLORS[cls] + rng.uniform(-12, 12, size=3), 0, 255).astype(np.float32)
-    patch = img[r0:r1, c0:c1]
-    patch += alpha * (color - patch)
+    return (slice(r0, r1), slice(c0, c1)), _sdf(NAMES[cls], xs, ys, bw / 2, bh / 2)
 
 
 def _sdf(name: str, x: np.ndarray, y: np.ndarray, a: float, b: float) -> np.ndarray:

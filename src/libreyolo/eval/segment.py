@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..families.segment import IGNORE_INDEX
 from ..logs import progress_bar
 
 
@@ -43,9 +44,9 @@ def scores(matrix: torch.Tensor) -> dict[str, Any]:
             "iou": iou.tolist(), "acc": acc.tolist(), "pixels": gt.long().tolist()}
 
 
-def evaluate_segment(model: nn.Module, loader: Iterable, device: torch.device | str, *, ignore_index: int = 255,
-                     amp_dtype: torch.dtype | None = None, names: Sequence[str] | None = None,
-                     progress: bool = False) -> dict[str, Any]:
+def evaluate_segment(model: nn.Module, loader: Iterable, device: torch.device | str, *,
+                     ignore_index: int = IGNORE_INDEX, amp_dtype: torch.dtype | None = None,
+                     names: Sequence[str] | None = None, progress: bool = False) -> dict[str, Any]:
     """Validate `model` (on `device`) over batches of uint8 `images` and `targets.masks`.
 
     `model.predict(images)` returns per-pixel probabilities [B, C, S, S]. Returns {"miou",

@@ -30,7 +30,10 @@ from torch import nn
 from .classifier import Normalized
 from .common import PerImageLoss, YOLOStyleModel
 
-IGNORE_INDEX = 255  # the convention of mmsegmentation, Cityscapes' trainIds and ADE20K's reduced labels
+# The unlabelled-pixel value of the convention of mmsegmentation, Cityscapes' trainIds and ADE20K's
+# reduced labels: the loss's default, and a dataset's mask value unless its yaml says otherwise
+# (data/segment.py).
+IGNORE_INDEX = 255
 
 
 class SegmentationModel(YOLOStyleModel):
@@ -68,6 +71,12 @@ class SegmentationLoss(PerImageLoss):
         ce = F.cross_entropy(logits, masks, ignore_index=self.ignore_index, reduction="none")  # 0 where ignored
         valid = (masks != self.ignore_index).sum((1, 2))
         return ce.sum((1, 2))[:, None], valid.to(ce.dtype)
+
+
+def backbone_of(model: nn.Module) -> nn.Module:
+    """FamilySpec.backbone of the segmentation families: the model's `backbone` (the encoder that
+    trains at backbone_lr x lr0), a DDP wrapper's model too."""
+    return getattr(model, "module", model).backbone
 
 
 def criterion(model: nn.Module, cfg) -> SegmentationLoss:

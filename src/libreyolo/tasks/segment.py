@@ -53,8 +53,8 @@ SPEC = TaskSpec(
     results=lazy("libreyolo.predict.post", "segment_results"),
     default_classes=150,  # ADE20K's 150 classes, the published SegFormer configuration
     data_help="a built-in name (shapes-seg), a folder with images/{train,val} and masks/{train,val} (or the "
-              "ADE20K or Cityscapes layout), or a yaml naming such folders (path, train, val, masks_train, "
-              "masks_val, names)",
+              "ADE20K or Cityscapes layout), or a yaml naming such folders (path, train, val, train_masks, "
+              "val_masks, names)",
     builtin_data="shapes-seg",
     detail_keys=("per_class",),
 )

@@ -71,10 +71,5 @@ class LingBotVision(SegmentationModel):
         return self.net.net.backbone
 
 
-def backbone_of(model: nn.Module) -> nn.Module:
-    """FamilySpec.backbone (a DDP wrapper's model too)."""
-    return getattr(model, "module", model).backbone
-
-
 def build(size: str, num_classes: int) -> LingBotVision:
     return build_model(LingBotVision, "LingBot-Vision", SIZES, size, num_classes)

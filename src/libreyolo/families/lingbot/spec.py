@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..base import CapturePlan, FamilySpec
-from ..segment import criterion
-from .net import backbone_of, build
+from ..segment import backbone_of, criterion
+from .net import build
 
 SPEC = FamilySpec(
     name="lingbot",

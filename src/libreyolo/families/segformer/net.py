@@ -227,7 +227,7 @@ class SegFormer(SegmentationModel):
         super().__init__(SegFormerNet(size, num_classes), num_classes)
 
     @property
-    def encoder(self) -> nn.Module:
+    def backbone(self) -> nn.Module:
         """The MiT encoder: FamilySpec.backbone, trained at backbone_lr x lr0."""
         return self.net.net.encoder
 

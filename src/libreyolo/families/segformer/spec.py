@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 from ..base import CapturePlan, FamilySpec
-from ..segment import criterion
+from ..segment import backbone_of, criterion
 from .net import build
-
-
-def encoder(model):
-    """The MiT encoder, trained at backbone_lr x lr0 (the recipe's decoder at 10x the encoder's)."""
-    return model.encoder
-
 
 SPEC = FamilySpec(
     name="segformer",
@@ -43,5 +37,5 @@ SPEC = FamilySpec(
               "mosaic": 0.0, "mixup": 0.0, "no_aug_epochs": 0},
     capture=CapturePlan("network", note="the whole network; the loss stays eager; drop-path replays its own "
                                         "random stream (statistically, not bitwise, eager's)"),
-    backbone=encoder,
+    backbone=backbone_of,  # the MiT encoder: the recipe's decoder at 10x its lr (see above)
 )
