@@ -52,6 +52,12 @@ class Targets(NamedTuple):
         return Targets(*(t.to(device, non_blocking=non_blocking) for t in self))
 
 
+def backbone_of(model: nn.Module) -> nn.Module:
+    """`FamilySpec.backbone` for a family whose model names its backbone `backbone` (the DETRs, the
+    segmenters): that sub-module, a DDP wrapper's model's too."""
+    return getattr(model, "module", model).backbone
+
+
 @dataclass(frozen=True)
 class CapturePlan:
     """What CUDA graphs may capture for a family: 'network', 'encoder' or 'none' (with a reason).

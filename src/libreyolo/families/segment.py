@@ -73,11 +73,5 @@ class SegmentationLoss(PerImageLoss):
         return ce.sum((1, 2))[:, None], valid.to(ce.dtype)
 
 
-def backbone_of(model: nn.Module) -> nn.Module:
-    """FamilySpec.backbone of the segmentation families: the model's `backbone` (the encoder that
-    trains at backbone_lr x lr0), a DDP wrapper's model too."""
-    return getattr(model, "module", model).backbone
-
-
 def criterion(model: nn.Module, cfg) -> SegmentationLoss:
     return SegmentationLoss(getattr(cfg, "ignore_index", IGNORE_INDEX))

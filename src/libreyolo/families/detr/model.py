@@ -35,8 +35,3 @@ class DETRModel(nn.Module):
         """Deploy form, in place: BN folded into convs, RepVGG branches merged (eval mode)."""
         fuse_model_(self.eval().net)
         return self
-
-
-def backbone_of(model: nn.Module) -> nn.Module:
-    """FamilySpec.backbone of the DETR families (a DDP wrapper's model too)."""
-    return getattr(model, "module", model).backbone

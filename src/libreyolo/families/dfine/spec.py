@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import CapturePlan, FamilySpec
-from ..detr.model import backbone_of
+from ..base import CapturePlan, FamilySpec, backbone_of
 from .loss import criterion
 from .net import build
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..base import CapturePlan, FamilySpec
-from ..segment import backbone_of, criterion
+from ..base import CapturePlan, FamilySpec, backbone_of
+from ..segment import criterion
 from .net import build
 
 SPEC = FamilySpec(

@@ -15,9 +15,8 @@ as for every family).
 
 from __future__ import annotations
 
-from ..base import CapturePlan, FamilySpec
+from ..base import CapturePlan, FamilySpec, backbone_of
 from ..detr.criterion import criterion
-from ..detr.model import backbone_of
 from .net import SIZES, build, build_v2
 
 _CAPTURE = CapturePlan("encoder", note=(

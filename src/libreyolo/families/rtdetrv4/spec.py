@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import FamilySpec
-from ..detr.model import backbone_of
+from ..base import FamilySpec, backbone_of
 from ..dfine.loss import deim_criterion
 from ..dfine.net import build_deim
 from ..dfine.spec import CAPTURE
