@@ -77,7 +77,8 @@
 # .whl/peer/ (the peer trainer, ultralytics, and what it needs) into its own folder that only the
 # peer's runs see. A DIR may also hold NAME.tar.xz: an unpacked wheel's files, unpacked into the
 # same folder. polars' runtime travels that way (33 MB in xz against 54 MB as a wheel), so the
-# peer's packages and ours fit one call's 64 MiB. Each arm of
+# peer's packages and ours fit one call's 64 MiB: `unzip -q WHEEL -d /tmp/w && tar cJf
+# .whl/peer/NAME.tar.xz -C /tmp/w .` Each arm of
 # `bench step` is its own process; its record carries `stage_seconds` so a slow arm shows where
 # its time went.
 set -uo pipefail
