@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..logs import progress_bar
+from .loop import predict, to_input, validating
 
 TOPK = 5
 
@@ -27,30 +27,21 @@ def evaluate_classify(model: nn.Module, loader: Iterable, device: torch.device |
     "top5", "loss", "num_images", "per_class": [{"class", "images", "top1", "top5"}]}; no images
     at all gives zeros. The model's train/eval mode is restored."""
     device = torch.device(device)
-    use_amp = amp_dtype is not None and device.type == "cuda"
     nc = model.num_classes
     k = min(TOPK, nc)
     # Device-side sums, read back once at the end: per class [images, top-1 hits, top-k hits].
     counts = torch.zeros(3, nc, dtype=torch.float64, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), progress_bar(loader, progress, "validating") as batches:
-            for batch in batches:
-                images = batch.images.to(device, non_blocking=True).float().div_(255.0)
-                labels = batch.targets.labels.to(device, non_blocking=True)
-                with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-                    probs = model.predict(images)
-                probs = probs.float()
-                hits = probs.topk(k, dim=1).indices == labels[:, None]  # [B, k]
-                counts[0].index_add_(0, labels, torch.ones_like(labels, dtype=torch.float64))
-                counts[1].index_add_(0, labels, hits[:, 0].double())
-                counts[2].index_add_(0, labels, hits.any(1).double())
-                picked = probs.gather(1, labels[:, None]).squeeze(1)
-                loss_sum -= picked.clamp(min=1e-12).log().double().sum()
-    finally:
-        model.train(was_training)
+    with validating(model, loader, progress) as batches:
+        for batch in batches:
+            labels = batch.targets.labels.to(device, non_blocking=True)
+            probs = predict(model, to_input(batch.images, device), amp_dtype).float()
+            hits = probs.topk(k, dim=1).indices == labels[:, None]  # [B, k]
+            counts[0].index_add_(0, labels, torch.ones_like(labels, dtype=torch.float64))
+            counts[1].index_add_(0, labels, hits[:, 0].double())
+            counts[2].index_add_(0, labels, hits.any(1).double())
+            picked = probs.gather(1, labels[:, None]).squeeze(1)
+            loss_sum -= picked.clamp(min=1e-12).log().double().sum()
     images, top1, topk = counts.cpu().tolist()
     n = sum(images)
     names = list(names) if names is not None else [str(i) for i in range(nc)]

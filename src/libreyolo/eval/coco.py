@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from libreyolo.eval.details import details
+from libreyolo.eval.loop import predict, validating
 from libreyolo.eval.postprocess import postprocess, unletterbox
-from libreyolo.logs import progress_bar
 
 
 def evaluate(
@@ -51,21 +51,12 @@ def evaluate(
     """
     device = torch.device(device)
     preprocess = preprocess or _default_preprocess
-    use_amp = amp_dtype is not None and device.type == "cuda"
     collector = _Collector()
     nms = not getattr(model, "end_to_end", False)  # DETRs: top-k over queries, no NMS
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), progress_bar(loader, progress, "validating") as batches:
-            for batch in batches:
-                images = preprocess(batch.images.to(device, non_blocking=True))
-                with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-                    preds = model.predict(images)
-                collector.add(batch, postprocess(preds, conf=conf, iou=iou, max_det=max_det, multi_label=True,
-                                                     nms=nms))
-    finally:
-        model.train(was_training)
+    with validating(model, loader, progress) as batches:
+        for batch in batches:
+            preds = predict(model, preprocess(batch.images.to(device, non_blocking=True)), amp_dtype)
+            collector.add(batch, postprocess(preds, conf=conf, iou=iou, max_det=max_det, multi_label=True, nms=nms))
     evaluator = coco_evaluator(collector.gt, collector.dets, collector.sizes, names, verbose)
     map50_95, map50 = _headline(evaluator)
     classes = _class_names(names, collector.gt, collector.dets)

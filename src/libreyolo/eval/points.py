@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..logs import progress_bar
 from ..tasks.points import GRID_STRIDE, box_centroids
+from .loop import predict, to_input, validating
 
 
 class Points(NamedTuple):
@@ -153,39 +153,32 @@ def evaluate_points(model: nn.Module, loader: Iterable, device: torch.device | s
     nothing found: Edge Impulse's convention); otherwise an undefined precision or recall is 0.
     The model's train/eval mode is restored."""
     device = torch.device(device)
-    use_amp = amp_dtype is not None and device.type == "cuda"
     nc = model.num_classes
     # Device-side per-class sums, read back once: true positives, false positives, ground-truth
     # points, images holding the class.
     counts = torch.zeros(4, nc, dtype=torch.int64, device=device)
     images_seen = 0
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), progress_bar(loader, progress, "validating") as batches:
-            for batch in batches:
-                images = batch.images.to(device, non_blocking=True).float().div_(255.0)
-                targets = batch.targets.to(device, non_blocking=True)
-                with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-                    probs = model.predict(images)
-                if probs.shape[-1] * GRID_STRIDE != images.shape[-1]:
-                    raise ValueError(f"a point map of {probs.shape[-1]} cells for {images.shape[-1]} px images: "
-                                     f"the task's maps have one cell per {GRID_STRIDE} px")
-                b = images.shape[0]
-                xy, cls, valid = padded(decode_points(probs, conf), b)
-                tp = match_points(xy, cls, valid, box_centroids(targets.boxes.float()), targets.labels,
-                                  targets.valid, dist)
-                counts[0].index_add_(0, cls[tp], torch.ones_like(cls[tp]))
-                fp = valid & ~tp
-                counts[1].index_add_(0, cls[fp], torch.ones_like(cls[fp]))
-                gt = targets.labels[targets.valid]
-                counts[2].index_add_(0, gt, torch.ones_like(gt))
-                present = torch.zeros(b, nc, dtype=torch.bool, device=device)
-                present[targets.valid.nonzero(as_tuple=True)[0], gt] = True
-                counts[3] += present.sum(0)
-                images_seen += b
-    finally:
-        model.train(was_training)
+    with validating(model, loader, progress) as batches:
+        for batch in batches:
+            images = to_input(batch.images, device)
+            targets = batch.targets.to(device, non_blocking=True)
+            probs = predict(model, images, amp_dtype)
+            if probs.shape[-1] * GRID_STRIDE != images.shape[-1]:
+                raise ValueError(f"a point map of {probs.shape[-1]} cells for {images.shape[-1]} px images: "
+                                 f"the task's maps have one cell per {GRID_STRIDE} px")
+            b = images.shape[0]
+            xy, cls, valid = padded(decode_points(probs, conf), b)
+            tp = match_points(xy, cls, valid, box_centroids(targets.boxes.float()), targets.labels,
+                              targets.valid, dist)
+            counts[0].index_add_(0, cls[tp], torch.ones_like(cls[tp]))
+            fp = valid & ~tp
+            counts[1].index_add_(0, cls[fp], torch.ones_like(cls[fp]))
+            gt = targets.labels[targets.valid]
+            counts[2].index_add_(0, gt, torch.ones_like(gt))
+            present = torch.zeros(b, nc, dtype=torch.bool, device=device)
+            present[targets.valid.nonzero(as_tuple=True)[0], gt] = True
+            counts[3] += present.sum(0)
+            images_seen += b
     tp, fp, n_gt, n_img = counts.cpu().tolist()
     names = list(names) if names is not None else [str(i) for i in range(nc)]
     per_class = []

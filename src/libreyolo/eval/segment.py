@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..families.segment import IGNORE_INDEX
-from ..logs import progress_bar
+from .loop import predict, to_input, validating
 
 
 def confusion(pred: torch.Tensor, gt: torch.Tensor, nc: int, ignore_index: int) -> torch.Tensor:
@@ -53,28 +53,19 @@ def evaluate_segment(model: nn.Module, loader: Iterable, device: torch.device | 
     "pixel_acc", "loss", "num_images", "per_class": [{"class", "pixels", "iou", "acc"}]} (None
     where a class is absent). The model's train/eval mode is restored."""
     device = torch.device(device)
-    use_amp = amp_dtype is not None and device.type == "cuda"
     nc = model.num_classes
     matrix = torch.zeros(nc, nc, dtype=torch.int64, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     images_seen = 0
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), progress_bar(loader, progress, "validating") as batches:
-            for batch in batches:
-                images = batch.images.to(device, non_blocking=True).float().div_(255.0)
-                gt = batch.targets.to(device, non_blocking=True).masks
-                with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-                    probs = model.predict(images)
-                probs = probs.float()
-                matrix += confusion(probs.argmax(1), gt, nc, ignore_index)
-                valid = gt != ignore_index
-                picked = probs.gather(1, torch.where(valid, gt, 0)[:, None]).squeeze(1)
-                loss_sum -= torch.where(valid, picked.clamp(min=1e-12).log(), 0.0).double().sum()
-                images_seen += images.shape[0]
-    finally:
-        model.train(was_training)
+    with validating(model, loader, progress) as batches:
+        for batch in batches:
+            gt = batch.targets.to(device, non_blocking=True).masks
+            probs = predict(model, to_input(batch.images, device), amp_dtype).float()
+            matrix += confusion(probs.argmax(1), gt, nc, ignore_index)
+            valid = gt != ignore_index
+            picked = probs.gather(1, torch.where(valid, gt, 0)[:, None]).squeeze(1)
+            loss_sum -= torch.where(valid, picked.clamp(min=1e-12).log(), 0.0).double().sum()
+            images_seen += gt.shape[0]
     out = scores(matrix)
     valid_pixels = sum(out["pixels"])
     names = list(names) if names is not None else [str(i) for i in range(nc)]
