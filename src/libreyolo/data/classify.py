@@ -28,7 +28,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-import yaml
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
@@ -36,15 +35,10 @@ from ..errors import DataError
 from .dataset import SampleKey, decode_rgb
 from .dataset_yaml import (
     IMAGE_SUFFIXES,
-    _check_task,
-    _is_builtin_name,
     _materialise,
-    _packaged_folder,
     _parse_names,
-    _parse_yaml,
-    _read_packaged,
-    _read_text,
     _resolve_root,
+    read_task_yaml,
 )
 from .loader import EpochBatchSampler, EpochLoader, _dataloader, _one_thread
 
@@ -99,36 +93,12 @@ def load_classify_data(data: str | os.PathLike) -> ClassifyData:
             raise DataError(f"no train/ folder in {root}: a classification dataset folder holds "
                             f"train/<class>/<image> and val/<class>/<image>")
         return _scan(root.name, root, root / "train", _val_folder(root), None, None)
-    packaged = _is_builtin_name(text)
-    if packaged:
-        if not _packaged_folder().joinpath(f"{text}.yaml").is_file():
-            raise DataError(f"dataset '{text}' not found: no such folder, and the built-in "
-                            f"classification datasets are {', '.join(classify_builtins())}")
-        yaml_path, raw = _read_packaged(text)
-    else:
-        yaml_path = path
-        if not yaml_path.is_file():
-            raise DataError(f"dataset not found: {yaml_path} (pass a folder with train/<class>/ "
-                            f"images, a dataset .yaml or a built-in name)")
-        raw = _parse_yaml(_read_text(yaml_path, "dataset yaml"), yaml_path)
-    # A user's yaml without `task` is taken as classification; a packaged one must say so.
-    _check_task(raw, text, "classify", default="detect" if packaged else "classify")
+    yaml_path, raw, packaged = read_task_yaml(text, "classify", "a folder with train/<class>/ images")
     names = _parse_names(raw, yaml_path) if "names" in raw else None
     root = _resolve_root(raw, yaml_path, packaged)
     splits = [_yaml_split(raw, s, root, yaml_path) for s in ("train", "val")]
     _materialise(raw, root, text)
     return _scan(text if packaged else yaml_path.stem, root, *splits, names, yaml_path)
-
-
-def classify_builtins() -> list[str]:
-    """The packaged datasets whose yaml says `task: classify`."""
-    out = []
-    for entry in sorted(_packaged_folder().iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".yaml"):
-            raw = yaml.safe_load(entry.read_text(encoding="utf-8")) or {}
-            if raw.get("task") == "classify":
-                out.append(entry.name[: -len(".yaml")])
-    return out
 
 
 def _val_folder(root: Path) -> Path:

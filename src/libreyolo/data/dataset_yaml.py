@@ -94,6 +94,34 @@ def _check_task(raw: dict, name: str, task: str, default: str = "detect") -> Non
                     f"model on it, or pick a {TASK_WORDS[task]} dataset (e.g. {TASK_EXAMPLES[task]})")
 
 
+def task_builtins(task: str) -> list[str]:
+    """The packaged datasets whose yaml says `task: <task>` (shapes-cls, shapes-seg)."""
+    out = []
+    for entry in sorted(_packaged_folder().iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".yaml") and (yaml.safe_load(entry.read_text(encoding="utf-8")) or {}).get("task") == task:
+            out.append(entry.name[: -len(".yaml")])
+    return out
+
+
+def read_task_yaml(text: str, task: str, forms: str) -> tuple[Path, dict, bool]:
+    """(yaml path, its mapping, packaged?) of `text`, a built-in name or a yaml path, for a task
+    whose datasets also come as folders (`forms` names them for the not-found line); the yaml must
+    be of `task` (a user's yaml without `task` is taken as one; a packaged one must say so)."""
+    packaged = _is_builtin_name(text)
+    if packaged:
+        if not _packaged_folder().joinpath(f"{text}.yaml").is_file():
+            raise DataError(f"dataset '{text}' not found: no such folder, and the built-in {TASK_WORDS[task]} "
+                            f"datasets are {', '.join(task_builtins(task))}")
+        yaml_path, raw = _read_packaged(text)
+    else:
+        yaml_path = Path(text).expanduser()
+        if not yaml_path.is_file():
+            raise DataError(f"dataset not found: {yaml_path} (pass {forms}, a dataset .yaml or a built-in name)")
+        raw = _parse_yaml(_read_text(yaml_path, "dataset yaml"), yaml_path)
+    _check_task(raw, text, task, default="detect" if packaged else task)
+    return yaml_path, raw, packaged
+
+
 def _is_builtin_name(text: str) -> bool:
     return "/" not in text and "\\" not in text and not text.lower().endswith((".yaml", ".yml"))
 

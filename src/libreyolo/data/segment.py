@@ -57,15 +57,10 @@ from .classify import VAL_FOLDERS, ClassTrainLoader, ClassValLoader, _Unreadable
 from .dataset import SampleKey, decode_rgb
 from .dataset_yaml import (
     IMAGE_SUFFIXES,
-    _check_task,
-    _is_builtin_name,
     _materialise,
-    _packaged_folder,
     _parse_names,
-    _parse_yaml,
-    _read_packaged,
-    _read_text,
     _resolve_root,
+    read_task_yaml,
 )
 
 log = logging.getLogger("libreyolo")
@@ -136,19 +131,7 @@ def _resolve(text: str) -> _Layout:
     path = Path(text).expanduser()
     if path.is_dir():
         return _folder_layout(path.resolve())
-    packaged = _is_builtin_name(text)
-    if packaged:
-        if not _packaged_folder().joinpath(f"{text}.yaml").is_file():
-            raise DataError(f"dataset '{text}' not found: no such folder, and the built-in segmentation "
-                            f"datasets are {', '.join(segment_builtins())}")
-        yaml_path, raw = _read_packaged(text)
-    else:
-        yaml_path = path
-        if not yaml_path.is_file():
-            raise DataError(f"dataset not found: {yaml_path} (pass a folder with images/ and masks/, a dataset "
-                            f".yaml or a built-in name)")
-        raw = _parse_yaml(_read_text(yaml_path, "dataset yaml"), yaml_path)
-    _check_task(raw, text, "segment", default="detect" if packaged else "segment")
+    yaml_path, raw, packaged = read_task_yaml(text, "segment", "a folder with images/ and masks/")
     names = _parse_names(raw, yaml_path) if "names" in raw else None
     root = _resolve_root(raw, yaml_path, packaged)
     splits = tuple(_yaml_split(raw, s, root, yaml_path) for s in ("train", "val"))
@@ -160,17 +143,6 @@ def _resolve(text: str) -> _Layout:
         raise DataError(f"dataset yaml {yaml_path}: reduce_zero_label must be true or false, not {reduce!r}")
     _materialise(raw, root, text)
     return _Layout(text if packaged else yaml_path.stem, root, splits, names, ignore, reduce, yaml_path=yaml_path)
-
-
-def segment_builtins() -> list[str]:
-    """The packaged datasets whose yaml says `task: segment`."""
-    import yaml
-
-    out = []
-    for entry in sorted(_packaged_folder().iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".yaml") and (yaml.safe_load(entry.read_text(encoding="utf-8")) or {}).get("task") == "segment":
-            out.append(entry.name[: -len(".yaml")])
-    return out
 
 
 def _folder_layout(root: Path) -> _Layout:
