@@ -1,5 +1,6 @@
 """LingBot-Vision s on CUDA: graphed training matches eager through the real step (the whole network
-captured), the step is sync-free, and it trains graphed from the command line on shapes-seg.
+captured) and the step is sync-free; its graphed command-line run is the segmenters' test in
+test_segment_gpu.py.
 
 The captured region draws no random numbers (no drop-path: the released ViT-S is built with
 `drop_path_rate=0`; no head dropout; RoPE without coordinate augmentation: families/lingbot), so a
@@ -14,9 +15,6 @@ spread (with 1e-5 as its floor).
 """
 
 import dataclasses
-import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -129,16 +127,3 @@ def test_step_has_no_host_sync(amp):
     model = place_model(spec.build("s", CLASSES), cfg, DEVICE).train()
     ctx = build_step_context(cfg, spec, model, DEVICE)
     assert torch.isfinite(sync_free_step(ctx, [_batch(i) for i in range(3)], _batch(5))).all()
-
-
-def test_cli_trains_graphed_on_shapes_seg(tmp_path):
-    """Two epochs at 128 px (the set's own size, an 8 x 8 patch grid), the whole network captured;
-    no graph note is logged: nothing inside the graph draws random numbers."""
-    proc = subprocess.run([sys.executable, "-m", "libreyolo", "train", "model=lingbot-s", "data=shapes-seg",
-                           "epochs=2", "imgsz=128", "batch=16", "cuda_graph=true", "workers=4", f"project={tmp_path}",
-                           "--json"], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
-    assert out["task"] == "segment" and 0.0 <= out["metrics"]["miou"] <= 1.0
-    assert "CUDA graph captured for input" in proc.stderr and "training eager" not in proc.stderr
-    assert "CUDA graphs: " not in proc.stderr

@@ -28,8 +28,10 @@ use_uni_set True by default):
   so DDF starts at exactly 0 too.
 - MAL (matchability-aware, DEIM): BCE against (IoU one-hot)^gamma, weight p^gamma on negatives
   and 1 on the positive entry, gamma 1.5.
-Float32, vectorised over images, sets and layers (no loop over images), no `.item()`. Host syncs:
-the matcher's one solve (detr/matcher.py) and none here.
+Float32, vectorised over images, sets and layers (no loop over images), no `.item()`. This module
+adds no host sync: a D-FINE step's three (model.host_syncs, counted on the GPU by
+tests/gpu/test_detr_gpu.py) are the denoising group count (detr/denoise.py) and the matcher's
+one batched solve (detr/matcher.py), both needed for data-dependent shapes.
 """
 
 from __future__ import annotations
