@@ -291,3 +291,18 @@ def test_overhead_compares_recorded_with_timed_steps_of_the_same_kind():
     _mark_kind(steps)
     o = hook._overhead(steps)
     assert o["fraction"] is None and o["reference_ms"] == [] and "raise profile_skip" in o["note"]
+
+
+@pytest.mark.parametrize(("asked", "autotunes"), [({}, True), ({"cudnn_benchmark": "auto"}, True),
+                                                  ({"cudnn_benchmark": False}, False),
+                                                  ({"deterministic": True}, False)])
+def test_profile_run_and_bench_step_autotune_alike(tiny_data, asked, autotunes):
+    """A profile window times a long run's steady step, as `bench step` does: `auto` autotunes
+    there (a profile run's own few steps would leave cuDNN untuned), an explicit false does not."""
+    from libreyolo.config import build_config
+    from libreyolo.engine.builder import steady_autotune
+    from libreyolo.profiler.repeat import plan
+
+    user = plan(LibreYOLO("yolo9-t"), tiny_data, {**FAST, **asked})
+    assert user["cudnn_benchmark"] is autotunes
+    assert steady_autotune(build_config({"model": "yolo9-t", **FAST, **asked})) is autotunes

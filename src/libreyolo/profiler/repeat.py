@@ -32,13 +32,15 @@ DEFAULTS = {"project": "runs/profile", "name": "prof", "no_aug_epochs": 0, "val"
 
 
 def plan(lib, data: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The train() arguments of one profile run: our defaults, profile=True and enough epochs.
+    """The train() arguments of one profile run: our defaults, profile=True, enough epochs and
+    cuDNN's autotuning as a long run's steady step has it.
 
     Enough epochs = ceil(window.steps_needed(profile_skip, profile_steps) / steps_per_epoch), plus one
     spare in case broken images shrink the epoch; the hook stops training once its window is done,
     so the spare epoch only runs when it is needed.
     """
     from ..config import build_config
+    from ..engine.builder import steady_autotune
     from ..tasks import task_for
     from .window import steps_needed
 
@@ -49,6 +51,11 @@ def plan(lib, data: str, overrides: dict[str, Any]) -> dict[str, Any]:
     files = len(task_for(lib.source.spec, cfg.task).load_data(data).train)
     per_epoch = max(math.ceil(files / cfg.batch), 1)
     user["epochs"] = math.ceil(steps_needed(cfg.profile_skip, cfg.profile_steps) / per_epoch) + 1
+    # `cudnn_benchmark=auto` would judge the profile's own few dozen steps too short to autotune
+    # and the window would time cuDNN's untuned choices, not the kernels of the run it stands for
+    # nor those `bench step` times (engine/builder.steady_autotune). `false` is kept as asked.
+    if cfg.cudnn_benchmark == "auto":
+        user["cudnn_benchmark"] = steady_autotune(cfg)
     return user
 
 
@@ -60,6 +67,9 @@ def run_once(model: str, data: str, overrides: dict[str, Any]) -> Path:
 
     lib = LibreYOLO(model)
     user = plan(lib, data, overrides)
+    if user.get("cudnn_benchmark") is True and str(overrides.get("cudnn_benchmark", "auto")) == "auto":
+        log.info("cudnn_benchmark=auto: on (the window times the steady step of a run long enough to autotune; "
+                 "cudnn_benchmark=false times cuDNN's untuned choices)")
     # The window's hook stops training after the window and stays quiet: this command reports.
     cfg = build_config({**user, "model": lib.name, "data": data}, lib.source.defaults)
     result = lib.train(data=data, hooks=profiler_hooks(cfg, stop_after_window=True, print_report=False), **user)

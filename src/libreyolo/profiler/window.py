@@ -760,4 +760,5 @@ def _run_metadata(trainer) -> dict:
             "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
             "batch": cfg.batch, "imgsz": cfg.imgsz, "workers": cfg.workers, "cache": cfg.cache,
             "precision": trainer.precision.describe(), "channels_last": cfg.channels_last,
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark) if cuda else None,
             "cuda_graph": _graph_state(trainer), "run_dir": str(trainer.run_dir)}
