@@ -73,6 +73,14 @@ def _graphed(ctx, cfg, spec, model):
     return manager
 
 
+def _flat(tensors) -> torch.Tensor:
+    return torch.cat([t.detach().float().flatten() for t in tensors])
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
 def _curve(ctx, batches, seed: int) -> torch.Tensor:
     torch.manual_seed(seed)  # the random stream drop-path draws from
     losses = [train_step(ctx, b, update=True) for b in batches]
@@ -117,7 +125,10 @@ def test_without_drop_path_graphed_equals_eager_to_float32_rounding(batches):
     run-to-run difference (a second eager run from the same weights). The decoder's and the loss's
     bilinear upsampling add their backward with atomics, so eager does not repeat to the last bit:
     on the H200 a fixed 1e-5 bound on the loss failed at the 8th step. The bound is 4 x eager's
-    spread, with float32's 1e-5 as its floor."""
+    spread, with float32's 1e-5 as its floor. Gradients and updates are compared over the whole model
+    (relative L2 of all tensors together): per tensor, the encoder's last LayerNorm bias, whose
+    gradient is zero up to rounding (about 1e-7 of the others'), read 1.4 between two eager runs,
+    two unrelated rounding errors, and made any per-tensor bound meaningless."""
     data, bs = batches
     saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
@@ -130,6 +141,7 @@ def test_without_drop_path_graphed_equals_eager_to_float32_rounding(batches):
         _, _, again_model, again = _context(data.nc, **over)
         cfg, spec, model, graphed = _context(data.nc, **over)
         manager = _graphed(graphed, cfg, spec, model)
+        init = _flat(eager_model.parameters())
         loss_diff = {"again": 0.0, "graphed": 0.0}
         for i, b in enumerate(bs[:12]):
             last = i == 11  # the last step only accumulates: its gradients stay in .grad to compare
@@ -138,14 +150,14 @@ def test_without_drop_path_graphed_equals_eager_to_float32_rounding(batches):
                 loss_diff[name] = max(loss_diff[name], float(((other - a).abs() / a.abs()).max()))
 
         def differences(other_model, name) -> dict[str, float]:
-            pairs = list(zip(eager_model.parameters(), other_model.parameters()))
+            grads = [(q.grad, p.grad) for p, q in zip(eager_model.parameters(), other_model.parameters())]
             return {"loss": loss_diff[name],
-                    "grad": max(float((q.grad - p.grad).norm() / p.grad.norm()) for p, q in pairs if p.grad.norm() > 0),
-                    "weight": max(float((q - p).norm() / p.norm()) for p, q in pairs if p.norm() > 0)}
+                    "grad": _rel(_flat(g for g, _ in grads), _flat(e for _, e in grads)),
+                    "update": _rel(_flat(other_model.parameters()) - init, _flat(eager_model.parameters()) - init)}
 
         spread, diff = differences(again_model, "again"), differences(model, "graphed")
-        print("SEGFORMER-NUMERICS fp32, drop-path off, 12 steps, max relative loss difference, then max "
-              "per-tensor relative L2 of gradients and weights: eager again vs eager "
+        print("SEGFORMER-NUMERICS fp32, drop-path off, 12 steps, max relative loss difference, then "
+              "relative L2 of all gradients and of the weight updates: eager again vs eager "
               + ", ".join(f"{k} {v:.2e}" for k, v in spread.items()) + "; graphed vs eager "
               + ", ".join(f"{k} {v:.2e}" for k, v in diff.items()))
         assert manager.stats()["replayed_steps"] == 12 - CAPTURE_AFTER + 1
