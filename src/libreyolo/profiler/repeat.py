@@ -62,16 +62,18 @@ def plan(lib, data: str, overrides: dict[str, Any]) -> dict[str, Any]:
 def run_once(model: str, data: str, overrides: dict[str, Any]) -> Path:
     """Train with the profiler in this process; returns the run directory (holding profile.json)."""
     from ..config import build_config
+    from ..engine.device import select_device
     from ..model import LibreYOLO
     from .window import profiler_hooks
 
     lib = LibreYOLO(model)
     user = plan(lib, data, overrides)
-    if user.get("cudnn_benchmark") is True and str(overrides.get("cudnn_benchmark", "auto")) == "auto":
-        log.info("cudnn_benchmark=auto: on (the window times the steady step of a run long enough to autotune; "
-                 "cudnn_benchmark=false times cuDNN's untuned choices)")
     # The window's hook stops training after the window and stays quiet: this command reports.
     cfg = build_config({**user, "model": lib.name, "data": data}, lib.source.defaults)
+    asked = str(overrides.get("cudnn_benchmark", "auto")) == "auto"
+    if asked and cfg.cudnn_benchmark is True and select_device(cfg.device).type == "cuda":
+        log.info("cudnn_benchmark=auto: on (the window times the steady step of a run long enough to autotune; "
+                 "cudnn_benchmark=false times cuDNN's untuned choices)")
     result = lib.train(data=data, hooks=profiler_hooks(cfg, stop_after_window=True, print_report=False), **user)
     if not (result.run_dir / "profile.json").is_file():
         raise LibreYOLOError(f"the profile window did not complete in {result.run_dir} (see the log above)")
