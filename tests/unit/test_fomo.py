@@ -1,19 +1,28 @@
 """FOMO (families/fomo/): the network as Edge Impulse builds it (parameters, cut point, head), its
-weighted cross-entropy against the formula it comes from, the centroid targets, the loss contract
-(finite with empty images, per-image sums, float32 whatever the input dtype), and a tiny overfit.
+weighted cross-entropy against the formula it comes from and against the one-hot
+binary_cross_entropy_with_logits (loss and gradient), its operator count, the centroid targets, the
+loss contract (finite with empty images, per-image sums, float32 whatever the input dtype), and a
+tiny overfit.
 The registry-driven checks every family gets (channels_last, argument errors, recipe values, norms,
 ONNX export) are test_families.py's and test_export.py's."""
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from testkit import random_targets
 
 from libreyolo.config import build_config
 from libreyolo.families import REGISTRY
 from libreyolo.families.base import Targets
-from libreyolo.families.fomo.loss import cell_targets
+from libreyolo.families.fomo.loss import _CellXent, cell_owners, weight_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import loss_ops  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -79,22 +88,17 @@ def test_centroid_targets_on_the_grid():
     # box 2 (class 2) and box 3 (class 0) share cell (0, 2): the higher class id keeps it; box 4 is padding.
     boxes = torch.tensor([[[8.0, 0, 16, 8], [31, 28, 32, 32], [0, 16, 8, 24], [1, 17, 3, 19], [0, 0, 32, 32]]])
     targets = Targets(boxes, torch.tensor([[1, 0, 2, 0, 1]]), torch.tensor([[True, True, True, True, False]]))
-    onehot = cell_targets(targets, 4, 4, 4, 8)
-    assert onehot.shape == (1, 4, 4, 4) and torch.equal(onehot.sum(1), torch.ones(1, 4, 4))
-    owner = onehot[0].argmax(0)  # 0 background, else class + 1
-    want = torch.zeros(4, 4, dtype=torch.long)
-    want[0, 1], want[3, 3], want[2, 0] = 2, 1, 3
+    owner = cell_owners(targets, 4, 4, 8, torch.tensor([[0.0, 0.0], [3.0, 3.0]]))  # 0 background, else class + 1
+    want = torch.zeros(1, 4, 4, dtype=torch.long)
+    want[0, 0, 1], want[0, 3, 3], want[0, 2, 0] = 2, 1, 3
     assert torch.equal(owner, want)
 
 
-def _reference_loss(logits, targets, object_weight):
-    """TF's weighted_cross_entropy_with_logits as its docs write it, (1 - z) x + (1 + (q - 1) z)
-    log(1 + exp(-x)), with q = object_weight on the class channels and 1 on background, averaged
-    over every cell and channel (Keras' reduce_mean), one-hot targets built cell by cell."""
-    b, k, h, w = logits.shape
-    z = torch.zeros_like(logits)
+def _reference_onehot(targets, k, h, w):
+    """The one-hot centroid map [B, K, h, w] (float64), built cell by cell in Python."""
+    z = torch.zeros(targets.boxes.shape[0], k, h, w, dtype=torch.float64)
     z[:, 0] = 1
-    for i in range(b):
+    for i in range(z.shape[0]):
         for j in range(targets.boxes.shape[1]):
             if targets.valid[i, j]:
                 x1, y1, x2, y2 = targets.boxes[i, j].tolist()
@@ -103,6 +107,15 @@ def _reference_loss(logits, targets, object_weight):
                 if z[i, 1:, cy, cx].sum() == 0 or c > z[i, :, cy, cx].argmax():
                     z[i, :, cy, cx] = 0
                     z[i, c, cy, cx] = 1
+    return z
+
+
+def _reference_loss(logits, targets, object_weight):
+    """TF's weighted_cross_entropy_with_logits as its docs write it, (1 - z) x + (1 + (q - 1) z)
+    log(1 + exp(-x)), with q = object_weight on the class channels and 1 on background, averaged
+    over every cell and channel (Keras' reduce_mean), one-hot targets built cell by cell."""
+    b, k, h, w = logits.shape
+    z = _reference_onehot(targets, k, h, w)
     q = torch.ones(1, k, 1, 1)
     q[:, 1:] = object_weight
     x = logits.double()
@@ -142,6 +155,53 @@ def test_batch_loss_equals_per_image_sums_with_an_empty_image():
     assert torch.equal(norm, torch.full((4,), 4.0 * 8 * 12))  # 1 + 3 channels x 8 x 12 cells
     assert torch.allclose(items, raw.sum(0) / norm.sum(), rtol=1e-6)
     assert torch.isfinite(empty).all() and (empty > 0).all() and empty[1] < items[1]  # no object positives
+
+
+@pytest.mark.parametrize("object_weight", [100.0, 0.0])
+def test_loss_and_gradient_equal_the_one_hot_binary_cross_entropy(object_weight):
+    """The table formulation against the straightforward one (a one-hot map and
+    F.binary_cross_entropy_with_logits with a pos_weight per channel, float64), per image and per
+    item, loss and logits gradient, over logits up to |50|: an empty image, padding rows, two
+    centres in one cell, a map wider than tall, channels_last logits."""
+    gen = torch.Generator().manual_seed(5)
+    tg = random_targets(gen, 4, 8, 80, 3, [3, 0, 8, 5], min_wh=2.0)
+    centre = (tg.boxes[2, 0, :2] + tg.boxes[2, 0, 2:]) / 2  # image 2: box 1, of another class, centred on box 0
+    tg.boxes[2, 1], tg.labels[2, 1] = torch.cat((centre - 1, centre + 1)), (tg.labels[2, 0] + 1) % 3
+    cx, cy = (int(v) // 8 for v in centre)
+    crit = SPEC.criterion(SPEC.build("035", 3), build_config({"object_weight": object_weight}))
+    for scale in (1.0, 10.0, 50.0):
+        x = (torch.randn(4, 4, 6, 10, generator=gen) * scale).contiguous(memory_format=torch.channels_last)
+        x.requires_grad_()
+        loss, items = crit((x,), tg)
+        raw, _ = crit.per_image((x.detach(),), tg)
+        (grad,) = torch.autograd.grad(loss, x)
+        x64 = x.detach().double().requires_grad_()
+        z = _reference_onehot(tg, 4, 6, 10)
+        assert z[2, :, cy, cx].argmax() == tg.labels[2, :2].max() + 1 and z[1, 1:].sum() == 0  # shared; empty
+        pos_weight = torch.tensor([1.0] + [object_weight] * 3, dtype=torch.float64).view(4, 1, 1)
+        bce = F.binary_cross_entropy_with_logits(x64, z, pos_weight=pos_weight, reduction="none")
+        raw_ref = torch.stack((bce[:, 0].sum((1, 2)), bce[:, 1:].sum((1, 2, 3))), 1)
+        items_ref = raw_ref.sum(0) / bce.numel()
+        loss_ref = items_ref.sum() * 4
+        (grad_ref,) = torch.autograd.grad(loss_ref, x64)
+        assert torch.allclose(raw.double(), raw_ref.detach(), rtol=1e-6, atol=0)
+        assert torch.allclose(items.double(), items_ref.detach(), rtol=1e-6, atol=0)
+        assert loss.item() == pytest.approx(loss_ref.item(), rel=1e-6)
+        assert (grad.double() - grad_ref).abs().max() <= 1e-6 * grad_ref.abs().max()
+    rows = F.embedding(torch.randint(0, 4, (2, 3, 5), generator=gen), weight_rows(4, 7.0, "cpu", torch.float64))
+    logits = torch.randn(2, 4, 3, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: _CellXent.apply(t, rows), (logits,))  # the hand-written backward
+
+
+def test_loss_launches_few_operators():
+    """The loss's CPU operator counts (benchmarks/loss_ops.py: kernels as CUDA would launch them,
+    autograd nodes) stay at what the table formulation takes; the one-hot map with
+    binary_cross_entropy_with_logits took forward 39 / backward 15 kernels and 10 nodes."""
+    crit = SPEC.criterion(SPEC.build("035", 3), None)
+    tg = random_targets(torch.Generator().manual_seed(6), 8, 8, 96, 3, [3, 0, 8, 5, 1, 2, 6, 4])
+    counts = loss_ops.loss_counts(crit, (torch.randn(8, 4, 12, 12),), tg)
+    fwd, bwd = counts["forward"], counts["backward"]
+    assert fwd["kernels"] <= 18 and bwd["kernels"] <= 6 and bwd["nodes"] <= 4, counts
 
 
 def test_loss_runs_in_float32_whatever_the_input_dtype():
