@@ -48,7 +48,7 @@
 #   bench-dense      bench step for the segmenters and FOMO: FOMO-0.35 at batch 8 and 32 in float32
 #                    (its recipe's precision), SegFormer-b0 (float16) and LingBot-Vision-s (bfloat16, its
 #                    recipe's) at batch 8, each eager and graphed, at DENSE_IMGSZ (default: each
-#                    family's own, 96 / 512 / 512)
+#                    family's own, 96 / 512 / 512); DENSE_MODELS picks some (default all three)
 #   train-dense      SegFormer-b0 and LingBot-Vision-s from scratch on shapes-seg (128 px) and FOMO-0.35
 #                    on shapes (96 px), graphed, side by side on the one GPU, DENSE_EPOCHS epochs
 #                    (default 50; FOMO at least its recipe's 60), validated every 10: mIoU, F1
@@ -209,12 +209,18 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
       done
       wait ;;
     bench-dense)
-      matrix step_fomo-035 --models fomo-035 --batches 8 32 --arms fp32,fp32+graph --imgsz ${DENSE_IMGSZ:-96}
-      matrix step_segformer-b0 --models segformer-b0 --batches 8 --arms float16,float16+graph \
-        --data shapes-seg --imgsz ${DENSE_IMGSZ:-512}
-      matrix step_lingbot-s --models lingbot-s --batches 8 --arms bfloat16,bfloat16+graph \
-        --data shapes-seg --imgsz ${DENSE_IMGSZ:-512}
-      cat "$out"/step_fomo-035.md "$out"/step_segformer-b0.md "$out"/step_lingbot-s.md ;;
+      for m in ${DENSE_MODELS:-fomo-035 segformer-b0 lingbot-s}; do
+        case $m in
+          fomo-035) matrix step_fomo-035 --models fomo-035 --batches 8 32 --arms fp32,fp32+graph \
+                      --imgsz ${DENSE_IMGSZ:-96} ;;
+          segformer-b0) matrix step_segformer-b0 --models segformer-b0 --batches 8 --arms float16,float16+graph \
+                          --data shapes-seg --imgsz ${DENSE_IMGSZ:-512} ;;
+          lingbot-s) matrix step_lingbot-s --models lingbot-s --batches 8 --arms bfloat16,bfloat16+graph \
+                       --data shapes-seg --imgsz ${DENSE_IMGSZ:-512} ;;
+          *) echo "bench-dense: unknown model '$m'" >&2; return 2 ;;
+        esac
+        cat "$out/step_$m.md"
+      done ;;
     train-dense)
       # shapes-seg is 128 px: the segmenters train at that size, and their recipes' 1500 warm-up
       # iterations (of 160k / 40k) become 100 of this run's ~650.
