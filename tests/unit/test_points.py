@@ -145,6 +145,10 @@ def test_points_pad_per_image_best_first():
     tp = match_points(xy, cls, valid, torch.tensor([[[4.0, 4]], [[0, 0]], [[28, 28]]]),
                       torch.tensor([[A], [A], [B]]), torch.tensor([[True], [False], [True]]), 8.0)
     assert tp.tolist() == [[True, False], [False, False], [False, True]]
+    # A batch without a single ground-truth point: every prediction is a false positive.
+    none = match_points(xy, cls, valid, torch.zeros(3, 0, 2), torch.zeros(3, 0, dtype=torch.long),
+                        torch.zeros(3, 0, dtype=torch.bool), 8.0)
+    assert none.shape == (3, 2) and not none.any()
 
 
 def test_predict_results_are_points_in_original_pixels():

@@ -59,3 +59,16 @@ def test_the_api_saves_an_overlay_and_the_class_map(tmp_path, monkeypatch):
     assert result.extra["saved"].endswith("image0.jpg") and result.extra["mask_saved"].endswith("image0_mask.png")
     overlay = annotate(torch.from_numpy(image).permute(2, 0, 1), result)
     assert overlay.shape == (3, 37, 53) and not torch.equal(overlay, torch.from_numpy(image).permute(2, 0, 1))
+
+
+def test_the_class_map_is_resized_a_few_classes_at_a_time_with_the_one_shot_argmax(monkeypatch):
+    """A big photo's map is resized in class groups (bounded memory); ties and all go where one
+    resize of every class and its argmax put them."""
+    from libreyolo.predict import post
+
+    probs = torch.rand(7, 12, 10)
+    probs[3, :4] = probs[5, :4] = 2.0  # ties between groups: the first class wins, as argmax's
+    whole = F.interpolate(probs[None], size=(37, 29), mode="bilinear", align_corners=False)[0].argmax(0)
+    for budget in (1, 37 * 29 * 2, 37 * 29 * 3, 1 << 26):  # one class a group, 2, 3, all
+        monkeypatch.setattr(post, "UPSAMPLE_ELEMENTS", budget)
+        assert torch.equal(post.upsampled_argmax(probs, 37, 29), whole), budget

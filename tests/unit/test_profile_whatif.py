@@ -82,6 +82,9 @@ def test_levers_that_do_not_apply_say_why():
     untimed = eager()
     untimed["capture"]["backward_host_ms"] = None
     assert "did not time" in by_lever(what_if(untimed))[GRAPH]["assumption"]
+    untimed = eager()
+    untimed["capture"]["host_ms"] = None
+    assert "did not time" in by_lever(what_if(untimed))[GRAPH]["assumption"]
 
 
 def test_inference_windows_take_the_forward_phase_as_the_region():
@@ -104,8 +107,14 @@ def test_refusals_are_one_line():
         what_if(edited)
     edited = eager()
     edited["capture"]["host_ms"] = "a lot"
-    with pytest.raises(ProfileFormatError, match=r'capture.host_ms is "a lot", not a number or null'):
+    with pytest.raises(ProfileFormatError, match=r'capture.host_ms is "a lot", not a finite number or null'):
         what_if(edited)
+    for key, value, said in (("step_ms_mean", 0.0, "is 0.0, not a number above 0"),
+                             ("kernel_busy_ms", float("nan"), "is NaN, not a finite number")):
+        edited = eager()
+        edited["headline"][key] = value
+        with pytest.raises(ProfileFormatError, match=f"headline.{key} {said}"):
+            what_if(edited)
 
 
 def test_print_and_json():

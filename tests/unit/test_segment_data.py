@@ -159,18 +159,22 @@ def test_a_mask_of_another_size_names_both_files(tmp_path):
     assert said.startswith("train: mask ") and "masks/train/1.png is 48x20 but its image" in said and "48x40" in said
 
 
-def test_a_class_id_out_of_range_names_the_mask(tmp_path):
+@pytest.mark.parametrize("more", [False, True])
+def test_a_class_id_out_of_range_names_the_mask(tmp_path, more):
     def change(root):
         (root / "d.yaml").write_text(yaml.safe_dump({"path": str(root), "train": "images/train",
                                                     "val": "images/val", "names": ["a", "b", "c"]}))
         mask = np.zeros((40, 48), np.uint8)
         mask[3, 3] = 7
         _save(root / "masks" / "val" / "0.png", mask)
+        if more:
+            _save(root / "masks" / "val" / "1.png", mask)
 
     root = make_folder(tmp_path / "ds")
     change(root)
     with pytest.raises(DataError, match=r"^val: mask .*masks/val/0.png holds class id 7, but the dataset has 3 "
-                                        r"classes \(0..2\) and marks unlabelled pixels 255$"):
+                                        r"classes \(0..2\) and marks unlabelled pixels 255"
+                                        + (r" \(1 more mask\(s\) have problems too\)$" if more else "$")):
         load_segment_data(root / "d.yaml")
 
 

@@ -244,7 +244,8 @@ def _check_files(split: str, layout: _Layout, pairs: list[tuple[Path, Path]], na
         results = list(pool.map(lambda p: check_pair(*p, layout.mask_ignore, layout.reduce_zero_label, nc), pairs))
     bad = [(pair, problem) for pair, (problem, _) in zip(pairs, results) if problem is not None]
     if bad:
-        raise DataError(f"{split}: {bad[0][1]}{_more(bad)}")
+        also = f" ({len(bad) - 1} more mask(s) have problems too)" if len(bad) > 1 else ""
+        raise DataError(f"{split}: {bad[0][1]}{also}")
     return max((top for _, top in results), default=-1)
 
 

@@ -117,11 +117,13 @@ def match_points(pred_xy: Tensor, pred_cls: Tensor, pred_valid: Tensor, gt_xy: T
     points [B, M]: each prediction in turn takes the nearest unclaimed centroid of its class
     within `dist` (module docstring)."""
     b, p = pred_cls.shape
+    tp = torch.zeros_like(pred_valid)
+    if gt_xy.shape[1] == 0:  # no ground truth in the batch (argmin below needs a centroid to pick)
+        return tp
     d2 = (pred_xy[:, :, None] - gt_xy[:, None]).square().sum(-1)          # [B, P, M]
     allowed = ((pred_cls[:, :, None] == gt_cls[:, None]) & gt_valid[:, None] & pred_valid[:, :, None]
                & (d2 <= dist * dist))
     claimed = torch.zeros_like(gt_valid)
-    tp = torch.zeros_like(pred_valid)
     rows = torch.arange(b, device=pred_cls.device)
     for k in range(p):
         free = allowed[:, k] & ~claimed

@@ -104,16 +104,38 @@ def prepare_segment(image: Tensor, imgsz: int) -> tuple[Tensor, None]:
     return resize_for_inference(image, imgsz), None
 
 
+# At most this many float32 values of the resized probabilities exist at once (256 MiB): a
+# 150-class map of a 12-megapixel photo would otherwise take 7 GB.
+UPSAMPLE_ELEMENTS = 1 << 26
+
+
 def segment_results(preds: Tensor, metas: Sequence[Any], frames: Sequence[Any], names: list[str],
                     opts: PostOptions) -> list[Result]:
     """A class map per image at its original size: the probabilities resized (bilinear) to the
     image's (h, w), then the argmax; uint8 for up to 256 classes, else int32."""
-    import torch.nn.functional as F
-
     dtype = torch.uint8 if preds.shape[1] <= 256 else torch.int32
     out = []
     for f, p in zip(frames, preds):
         h, w = f.image.shape[-2:]
-        p = F.interpolate(p[None].float(), size=(h, w), mode="bilinear", align_corners=False)[0]
-        out.append(Result(f.name, f.path, f.frame, (h, w), names, "segment", mask=p.argmax(0).to(dtype).cpu()))
+        mask = upsampled_argmax(p, h, w)
+        out.append(Result(f.name, f.path, f.frame, (h, w), names, "segment", mask=mask.to(dtype).cpu()))
     return out
+
+
+def upsampled_argmax(probs: Tensor, h: int, w: int) -> Tensor:
+    """argmax over classes of `probs` [C, h0, w0] resized bilinearly to (h, w), a few classes at a
+    time (UPSAMPLE_ELEMENTS). Resizing treats each class on its own, and a later group takes a
+    pixel only with a strictly larger value, so the map equals the one-shot argmax (first maximum)."""
+    import torch.nn.functional as F
+
+    group = max(1, UPSAMPLE_ELEMENTS // max(h * w, 1))
+    best = index = None
+    for c0 in range(0, probs.shape[0], group):
+        part = F.interpolate(probs[None, c0:c0 + group].float(), size=(h, w), mode="bilinear", align_corners=False)[0]
+        value, arg = part.max(0)
+        if best is None:
+            best, index = value, arg
+        else:
+            better = value > best
+            best, index = torch.where(better, value, best), torch.where(better, arg + c0, index)
+    return index

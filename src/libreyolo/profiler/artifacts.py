@@ -12,6 +12,7 @@ is ever left behind:
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -198,11 +199,12 @@ PROFILE_SHAPE: dict[str, Any] = {
     "host_ops?": "object|null",
 }
 # What `profile what-if` and `profile ops` read beyond the rest (version 2 profiles).
-CAPTURE_SHAPE: dict[str, Any] = {"region": "string", "note?": "string", "forward_host_ms": NUM,
-                                 "backward_host_ms": NUM, "host_ms": NUM, "busy_ms": NUM}
+FINITE = "finite|null"
+CAPTURE_SHAPE: dict[str, Any] = {"region": "string", "note?": "string", "forward_host_ms": FINITE,
+                                 "backward_host_ms": FINITE, "host_ms": FINITE, "busy_ms": FINITE}
 WHATIF_SHAPE: dict[str, Any] = {
-    "headline": {"step_ms_mean": "number", "kernel_busy_ms": "number", "utilisation": "number"},
-    "utilisation": {"idle_data_ms": "number", "host_step_ms": NUM},
+    "headline": {"step_ms_mean": "positive", "kernel_busy_ms": "finite", "utilisation": "finite"},
+    "utilisation": {"idle_data_ms": "finite", "host_step_ms": FINITE},
     "capture": CAPTURE_SHAPE,
 }
 HOST_OPS_SHAPE: dict[str, Any] = {
@@ -217,6 +219,10 @@ _KINDS: dict[str, Any] = {
     "any": lambda v: True, "null": lambda v: v is None, "string": lambda v: isinstance(v, str),
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    # What-if divides by the step and subtracts the busy time: NaN, infinities and a step of 0 ms
+    # would print impossible predictions (and NaN is not JSON).
+    "finite": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    "positive": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
     "object": lambda v: isinstance(v, dict), "list": lambda v: isinstance(v, list),
 }
 
@@ -252,7 +258,8 @@ def _show(value: Any) -> str:
 
 
 def _article(kind: str) -> str:
-    return {"null": "null", "any": "anything", "integer": "an integer", "object": "an object"}.get(kind, f"a {kind}")
+    return {"null": "null", "any": "anything", "integer": "an integer", "object": "an object",
+            "finite": "a finite number", "positive": "a number above 0"}.get(kind, f"a {kind}")
 
 
 def phase_rows(profile: dict) -> list[dict]:

@@ -97,7 +97,7 @@ def _graph(profile: dict, cuda: bool, host: float, busy: float) -> dict[str, Any
         return _na(GRAPH, "the window already replays a CUDA graph: profile an eager run to predict it")
     if cap["region"] not in ("network", "encoder", "forward"):
         return _na(GRAPH, f"the family has no capturable region ({cap.get('note') or cap['region']})")
-    if cap["forward_host_ms"] is None or (not infer and cap["backward_host_ms"] is None):
+    if cap["forward_host_ms"] is None or (not infer and cap["backward_host_ms"] is None) or cap["host_ms"] is None:
         return _na(GRAPH, "the window did not time the captured region's forward and backward")
     region = cap["host_ms"]
     rest = max(host - region, 0.0)
