@@ -1,7 +1,9 @@
 """Where LibreYOLO keeps generated/downloaded data, and the decoded-image cache (`cache=ram|disk`).
 
-Both cache modes hold the image exactly as `load_resized` returns it (uint8 CHW, long side =
-imgsz), so a cached run produces the same batches as an uncached one. Caches are filled up front
+Both cache modes hold the image exactly as `load_resized` returns it (uint8 [3, h, w], long
+side = imgsz), so a cached run produces the same batches as an uncached one. A .npy file stores
+it HWC, the layout decoded images have in memory, so a disk-cached tile pastes as cheaply as a
+decoded one (augment.fill_image says why that matters). Caches are filled up front
 in the main process with a thread pool (JPEG decoding releases the GIL): worker processes then
 inherit a read-only RAM cache instead of each filling a private copy.
 """
@@ -49,7 +51,7 @@ class ImageCache:
         if self.mode == "ram":
             return self.ram[i]
         if self.mode == "disk":
-            return torch.from_numpy(np.load(self._npy(i)))
+            return torch.from_numpy(np.load(self._npy(i))).permute(2, 0, 1)
         return self.loader(self.files[i])
 
     def _npy(self, i: int) -> Path:
@@ -74,12 +76,12 @@ class ImageCache:
         # Atomic, so an interrupted fill never leaves a torn .npy. Saved through a file object:
         # np.save would append `.npy` to a temp path that lacks it.
         with atomic_path(self._npy(i)) as tmp, tmp.open("wb") as f:
-            np.save(f, self.loader(self.files[i]).numpy())
+            np.save(f, self.loader(self.files[i]).permute(1, 2, 0).numpy())
 
 
 def _disk_folder(files: list[Path], imgsz: int) -> Path:
     """One folder per (file list, sizes, mtimes, imgsz): any change gets a fresh cache."""
-    h = hashlib.sha256(f"v1 {imgsz}".encode())
+    h = hashlib.sha256(f"v2 {imgsz}".encode())  # v2: HWC files
     for f in files:
         try:
             st = f.stat()

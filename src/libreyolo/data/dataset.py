@@ -139,7 +139,7 @@ class TrainDataset(_Base):
             img, boxes = fliplr(img, boxes)
         c = hsv_matrix(rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
         if c is not None:
-            img = apply_color(img.float(), c)
+            img = apply_color(img, c)
         return to_uint8(img), boxes, labels, key.size
 
     def _partner(self, rng: np.random.Generator) -> int:
