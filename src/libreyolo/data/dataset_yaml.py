@@ -60,13 +60,7 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
     if Path(text).expanduser().is_dir() and not (packaged and _packaged_folder().joinpath(f"{text}.yaml").is_file()):
         raise DataError(f"data={text} is a folder: a detector reads a dataset yaml (path, train, val, names); "
                         f"a folder of class folders trains a classifier (model=resnet18)")
-    if packaged:
-        yaml_path, raw = _read_packaged(text)
-    else:
-        yaml_path = Path(text).expanduser()
-        if not yaml_path.is_file():
-            raise DataError(f"dataset yaml not found: {yaml_path}")
-        raw = _parse_yaml(_read_text(yaml_path, "dataset yaml"), yaml_path)
+    yaml_path, raw = _read_yaml_source(text, packaged, "dataset yaml not found: {}")
     name = text if packaged else yaml_path.stem
     _check_task(raw, name, "detect")
     names = _parse_names(raw, yaml_path)
@@ -103,6 +97,17 @@ def task_builtins(task: str) -> list[str]:
     return out
 
 
+def _read_yaml_source(text: str, packaged: bool, missing: str) -> tuple[Path, dict]:
+    """(yaml path, its mapping) of a built-in name or a user's yaml path; `missing` is the
+    not-found line, `{}` standing for the path."""
+    if packaged:
+        return _read_packaged(text)
+    yaml_path = Path(text).expanduser()
+    if not yaml_path.is_file():
+        raise DataError(missing.format(yaml_path))
+    return yaml_path, _parse_yaml(_read_text(yaml_path, "dataset yaml"), yaml_path)
+
+
 def read_task_yaml(text: str, task: str, forms: str) -> tuple[Path, dict, bool]:
     """(yaml path, its mapping, packaged?) of `text`, a built-in name or a yaml path, for a task
     whose datasets also come as folders (`forms` names them for the not-found line); the yaml must
@@ -112,12 +117,8 @@ def read_task_yaml(text: str, task: str, forms: str) -> tuple[Path, dict, bool]:
         if not _packaged_folder().joinpath(f"{text}.yaml").is_file():
             raise DataError(f"dataset '{text}' not found: no such folder, and the built-in {TASK_WORDS[task]} "
                             f"datasets are {', '.join(task_builtins(task))}")
-        yaml_path, raw = _read_packaged(text)
-    else:
-        yaml_path = Path(text).expanduser()
-        if not yaml_path.is_file():
-            raise DataError(f"dataset not found: {yaml_path} (pass {forms}, a dataset .yaml or a built-in name)")
-        raw = _parse_yaml(_read_text(yaml_path, "dataset yaml"), yaml_path)
+    yaml_path, raw = _read_yaml_source(text, packaged,
+                                       f"dataset not found: {{}} (pass {forms}, a dataset .yaml or a built-in name)")
     _check_task(raw, text, task, default="detect" if packaged else task)
     return yaml_path, raw, packaged
 
