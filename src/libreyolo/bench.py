@@ -171,7 +171,7 @@ def load_arm(workdir: Path, arm: str) -> tuple[Any, Any, dict[str, Any]]:
     import torch
 
     from .config import build_config
-    from .engine.builder import build_step_context, place_model, seed_everything, steady_autotune
+    from .engine.builder import build_step_context, place_model, seed_everything, set_cudnn_autotune, steady_autotune
     from .engine.device import select_device
     from .families import get_family
     from .tasks import get_task
@@ -180,7 +180,7 @@ def load_arm(workdir: Path, arm: str) -> tuple[Any, Any, dict[str, Any]]:
     cfg = build_config({**meta["config"], **arm_delta(arm)})
     device = select_device(cfg.device)
     seed_everything(cfg.seed, cfg.deterministic)
-    torch.backends.cudnn.benchmark = steady_autotune(cfg)
+    set_cudnn_autotune(cfg, steady_autotune(cfg))
     spec = get_family(meta["family"])
     model = spec.build(meta["size"], meta["num_classes"])
     model.load_state_dict(torch.load(workdir / "init.pt", map_location="cpu", weights_only=True))

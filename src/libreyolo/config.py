@@ -88,6 +88,7 @@ class TrainConfig:
     # wraps convolutions in layout transposes (measured on the H200, docs/training-performance.md).
     channels_last: bool = _key(True, "channels_last (NHWC) memory format for images and weights", group="speed")
     cudnn_benchmark: Union[Literal["auto"], bool] = _key("auto", "let cuDNN time its algorithms for each new convolution shape: true, false, or auto (on for runs of >= 2000 steps per image size, and for bench step and a profile run's window, which time the steady step)", group="speed")
+    cudnn_benchmark_limit: int = _key(10, "autotuning: the most cuDNN algorithms timed per convolution shape (torch.backends.cudnn.benchmark_limit, whose default is 10; 0 times every one)", lo=0, group="speed")
     profile: bool = _key(False, "profile a window of training steps and write a report", group="speed")
     profile_skip: int = _key(5, "profiler: steps to skip before the window", lo=0, group="speed")
     profile_steps: int = _key(20, "profiler: recorded steps in the window (first half unsynchronised, second synced), "

@@ -111,6 +111,19 @@ def test_cudnn_autotune_policy(key, epochs, sizes, deterministic, expected):
     assert (line is not None) == (key == "auto" and not deterministic)
 
 
+@pytest.mark.parametrize("on,limit", [(True, 3), (False, 10), (True, 0)])
+def test_set_cudnn_autotune_sets_switch_and_limit(on, limit):
+    from libreyolo.config import build_config
+    from libreyolo.engine.builder import set_cudnn_autotune
+
+    saved = torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit
+    try:
+        set_cudnn_autotune(build_config({"cudnn_benchmark_limit": limit}), on)
+        assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit) == (on, limit)
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit = saved
+
+
 def test_step_context_outside_the_trainer_resolves_optimizer_auto():
     """bench, tests and host_diag build a step context from a config whose optimizer is still
     `auto`: they get what auto gives a short run."""

@@ -108,6 +108,13 @@ def steady_autotune(cfg: TrainConfig) -> bool:
     return not cfg.deterministic and cfg.cudnn_benchmark is not False
 
 
+def set_cudnn_autotune(cfg: TrainConfig, on: bool) -> None:
+    """Turn cuDNN autotuning on or off for this process, timing at most `cudnn_benchmark_limit`
+    algorithms per convolution shape when on."""
+    torch.backends.cudnn.benchmark = on
+    torch.backends.cudnn.benchmark_limit = cfg.cudnn_benchmark_limit
+
+
 def cudnn_autotune(cfg: TrainConfig, steps_per_epoch: int, sizes: int) -> tuple[bool, str | None]:
     """(cudnn.benchmark for this run, a line saying why when `auto` decided).
 

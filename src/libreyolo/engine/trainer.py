@@ -25,7 +25,7 @@ from ..profiler.markers import phase
 from ..tasks.base import TaskSpec
 from . import checkpoint as ckpt_io
 from . import distributed
-from .builder import build_step_context, cudnn_autotune, place_model, seed_everything
+from .builder import build_step_context, cudnn_autotune, place_model, seed_everything, set_cudnn_autotune
 from .device import device_name, out_of_memory_as_error
 from .hooks import Hook
 from .meter import LossMeter
@@ -86,7 +86,7 @@ class Trainer:
             log.info(message)
         self.cfg = cfg  # checkpoints hold the resolved optimizer: a resume trains on with it
         autotune, message = cudnn_autotune(cfg, self.steps_per_epoch, len(self.train_loader.sampler.sizes))
-        torch.backends.cudnn.benchmark = autotune
+        set_cudnn_autotune(cfg, autotune)
         if message and device.type == "cuda":
             log.info(message)
         self.ctx = build_step_context(cfg, family, self.model, device)
