@@ -14,9 +14,9 @@
 #   profile          `libreyolo profile run` YOLOv9-t batch 8 at 640 float16, eager and graphed
 #   bench-t8         bench step YOLOv9-t batch 8: fp32 / float16 / bfloat16, each eager and graphed,
 #                    and float16 in NCHW (channels_last=false), eager and graphed
-#   autotune         bench step YOLOv9-t batch 8 float16, graphed and eager, with cudnn_benchmark=false and
-#                    cudnn_benchmark_limit 1 / 3 / 10 (torch's default) / 0 (every algorithm): the
-#                    warm-up's seconds (autotuning and capture) against the steady step
+#   autotune         bench step YOLOv9-t batch 8 float16 graphed (ARMS=... for others) with cudnn_benchmark=false
+#                    and cudnn_benchmark_limit 1 / 3 / 10 (torch's default): the warm-up's seconds
+#                    (autotuning and capture) against the steady step
 #   bench-families   bench step YOLOX-t and RTMDet-t batch 8 float16, eager and graphed
 #   bench-matrix     bench step YOLOv9-t batch 2, 32 and YOLOv9-s batch 2, 8, 32, six arms each
 #   bench:MODEL:B    bench step MODEL at batch B, the six precision x graph arms (bench:yolo9-s:32);
@@ -154,9 +154,8 @@ stage_run() {
       # cuDNN autotuning's cost against what it buys: the warm-up steps (where every convolution
       # shape is timed, and the graph captured) and the steady step, at each algorithm limit
       mkdir -p "$out/autotune"
-      for v in cudnn_benchmark=false cudnn_benchmark_limit=1 cudnn_benchmark_limit=3 cudnn_benchmark_limit=10 \
-               cudnn_benchmark_limit=0; do
-        python3 -m libreyolo bench step model=yolo9-t batch=8 imgsz=640 $v --arms float16+graph,float16 --json \
+      for v in cudnn_benchmark=false cudnn_benchmark_limit=1 cudnn_benchmark_limit=3 cudnn_benchmark_limit=10; do
+        python3 -m libreyolo bench step model=yolo9-t batch=8 imgsz=640 $v --arms ${ARMS:-float16+graph} --json \
           > "$out/autotune/${v/=/_}.json" 2> "$out/autotune/${v/=/_}.log"
         python3 -c "import json,sys; [print(sys.argv[1], r['arm'], 'warm-up s', r['stage_seconds']['warmup'], 'median ms',
           r['step_ms_median'], 'busy ms', r['kernel_busy_ms']) for r in json.load(open(sys.argv[2]))]" "$v" "$out/autotune/${v/=/_}.json"

@@ -147,27 +147,39 @@ def graphed(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bench():
-    """`bench step` of the same step: YOLOv9-t batch 8 at 640, float16, eager and graphed."""
+    """`bench step` of the same step: YOLOv9-t batch 8 at 640, float16, eager and graphed, three
+    processes each (interleaved): the record is the median run's."""
     from libreyolo.bench import bench_step
 
-    records = bench_step({"model": "yolo9-t", "batch": 8, "imgsz": 640}, ["float16", "float16+graph"])
+    records = bench_step({"model": "yolo9-t", "batch": 8, "imgsz": 640}, ["float16", "float16+graph"], repeat=3)
     return {r["arm"]: r for r in records}
 
 
-def test_profile_and_bench_agree_on_utilisation(eager, graphed, bench):
+def test_profile_and_bench_agree_on_utilisation(eager, graphed, bench, tmp_path):
     """Issue 17's first item: the window's step time comes from unrecorded steps, so `profile run`
     and `bench step` measure the same utilisation (within 3 points), eager and graphed. The
-    recorded steps' own figure and the overhead are printed: the bias the timed steps remove."""
-    for (_, p, *_), arm in ((eager, "float16"), (graphed, "float16+graph")):
+    recorded steps' own figure and the overhead are printed: the bias the timed steps remove.
+
+    An eager step follows the host, whose speed differs between processes on the H200 machine
+    (one call: profile 82.5 ms, bench 99.0 ms for the same step, 4 points apart), so the eager
+    arm compares medians of three processes a side; graphed steps repeat within a few per cent."""
+    eager_runs = [eager[1]] + [json.loads((_profile_run("eager", tmp_path / str(i)) / "profile.json").read_text())
+                               for i in range(2)]
+    eager_median = sorted(eager_runs, key=lambda p: p["headline"]["utilisation"])[1]
+    misses = []
+    for p, arm, runs in ((eager_median, "float16", eager_runs), (graphed[1], "float16+graph", [graphed[1]])):
         h, u, b = p["headline"], p["utilisation"], bench[arm]
         print(json.dumps({"arm": arm, "profile_utilisation": h["utilisation"], "bench_utilisation": b["utilisation"],
+                          "profile_runs_utilisation": [r["headline"]["utilisation"] for r in runs],
                           "profile_step_ms": h["step_ms_mean"], "bench_step_ms_median": b["step_ms_median"],
-                          "profile_busy_ms": h["kernel_busy_ms"], "bench_busy_ms": b["kernel_busy_ms"],
-                          "recorded_step_ms": u["step_ms_recorded"]["mean"],
+                          "bench_runs_ms": b.get("runs_ms"), "profile_busy_ms": h["kernel_busy_ms"],
+                          "bench_busy_ms": b["kernel_busy_ms"], "recorded_step_ms": u["step_ms_recorded"]["mean"],
                           "utilisation_recorded": u["utilisation_recorded"], "overhead_frac": h["overhead_frac"],
                           "verdict": h["verdict"]}))
         assert u["basis"] == "kernel busy (recorded steps) / step time (unrecorded steps)" and u["timed_steps"] >= 5
-        assert abs(h["utilisation"] - b["utilisation"]) <= 0.03, (arm, h["utilisation"], b["utilisation"])
+        if abs(h["utilisation"] - b["utilisation"]) > 0.03:
+            misses.append((arm, round(h["utilisation"], 3), round(b["utilisation"], 3)))
+    assert not misses, misses
     # Kernel time measured under the profiler still fits in the unprofiled step: its durations are
     # not inflated (a graphed step is 0.8-0.9 busy, the check with the least room).
     assert graphed[1]["headline"]["utilisation"] <= 1.02

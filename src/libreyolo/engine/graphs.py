@@ -38,7 +38,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -284,11 +284,15 @@ def _pending_backward(graph: Graphed) -> bool:
 class _GraphedRegion(torch.autograd.Function):
     """One autograd node whose forward and backward are graph replays.
 
-    The parameters are inputs so that autograd routes the replayed gradients to them.
+    The backward replay adds the parameters' gradients into their `.grad` itself, so autograd
+    needs no edge to the parameters: the node's one differentiable input is `anchor`, a scalar
+    that only makes the outputs require grad. (With every parameter as an input, applying the
+    node and running its backward cost 1.5 ms of host time per step for YOLOv9-t's 675
+    parameters on a 2-core CPU, against 21 us with the anchor.)
     """
 
     @staticmethod
-    def forward(ctx, shape: CapturedShape, images: Tensor, *params: Tensor) -> tuple[Tensor, ...]:
+    def forward(ctx, shape: CapturedShape, images: Tensor, anchor: Tensor) -> tuple[Tensor, ...]:
         ctx.shape, ctx.images, ctx.done = shape, images, False
         out = shape.replay_forward(images)
         shape.last_ctx = weakref.ref(ctx)
@@ -307,7 +311,7 @@ class _GraphedRegion(torch.autograd.Function):
             shape.eager_accumulate(ctx.images, grads)
         ctx.done = True
         # The parameters' gradients are already in their `.grad`: nothing for autograd to add.
-        return (None, None, *(None for _ in shape.params))
+        return None, None, None
 
 
 @dataclass(eq=False)
@@ -326,9 +330,13 @@ class CapturedShape:
     grad_buffers: tuple[Tensor, ...]                # each param's `.grad` at capture, one per param
     pool_mb: float | None = None
     last_ctx: Any = None
+    anchor: Tensor = field(init=False)  # _GraphedRegion's differentiable input
+
+    def __post_init__(self) -> None:
+        self.anchor = torch.zeros((), device=self.static_input.device, requires_grad=bool(self.params))
 
     def __call__(self, images: Tensor) -> tuple[Tensor, ...]:
-        return _GraphedRegion.apply(self, images, *self.params)
+        return _GraphedRegion.apply(self, images, self.anchor)
 
     def pending_backward(self) -> bool:
         ctx = self.last_ctx() if self.last_ctx is not None else None
