@@ -437,5 +437,9 @@ def test_cache_is_not_used_and_says_so_once(data, caplog, cache):
         build_classify_val_loader(data, make_cfg(cache="ram"))
     lines = [r.getMessage() for r in caplog.records if "cache" in r.getMessage()]
     assert lines == ["cache=ram is not used for classification: images are read from their files"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        build_classify_train_loader(data, make_cfg(cache="auto"))  # the default: nothing to say
+    assert not [r for r in caplog.records if "cache" in r.getMessage()]
     assert same(batches(loader, 0), batches(build_classify_train_loader(data, make_cfg()), 0))
     assert not cache.exists()

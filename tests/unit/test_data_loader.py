@@ -178,6 +178,42 @@ def test_ram_and_disk_cache_give_the_same_batches(data, aug):
     assert len(npy) >= 7
 
 
+def test_cache_auto_caches_in_ram_when_the_images_fit(data, monkeypatch, caplog):
+    from libreyolo.data import cache as C
+
+    ref = epoch_batches(build_train_loader(data, make_cfg(seed=3)), 0)
+    monkeypatch.setattr(C, "available_memory", lambda: 10**12)
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        loader = build_train_loader(data, make_cfg(seed=3, cache="auto"))
+    assert loader.dataset.cache.mode == "ram" and same(ref, epoch_batches(loader, 0))
+    assert any("cache=auto: ram (" in r.getMessage() and "25% of the 1000.0 GB available" in r.getMessage()
+               for r in caplog.records)
+    monkeypatch.setattr(C, "available_memory", lambda: 10**3)
+    assert build_train_loader(data, make_cfg(seed=3, cache="auto")).dataset.cache.mode is None
+
+
+def test_cache_auto_budget(monkeypatch, caplog):
+    """At most a quarter of the available memory, shared by the training processes on the machine;
+    unknown memory means no cache."""
+    from libreyolo.data import cache as C
+
+    need = 10 * 64 * 64 * 3  # 10 images at most 64 x 64 x 3 bytes each
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for avail, expected in ((4 * need, "ram"), (4 * need - 4, None), (None, None)):
+        monkeypatch.setattr(C, "available_memory", lambda avail=avail: avail)
+        assert C.resolve_auto(10, 64, "train") == expected, avail
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for avail, expected in ((4 * need, None), (8 * need, "ram")):
+        monkeypatch.setattr(C, "available_memory", lambda avail=avail: avail)
+        assert C.resolve_auto(10, 64, "train") == expected, avail
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        C.resolve_auto(10, 64, "train")
+    assert caplog.records[-1].getMessage() == (
+        "train: cache=auto: ram (10 images need at most 0 MB, within 25% of the 0.0 GB available, over 2 processes)")
+    mem = C.available_memory()
+    assert mem is None or mem > 0
+
+
 def test_seeded_runs_are_reproducible_whatever_the_workers(data):
     a = epoch_batches(build_train_loader(data, make_cfg(seed=5, mixup=0.5)), 1)
     b = epoch_batches(build_train_loader(data, make_cfg(seed=5, mixup=0.5, workers=2)), 1)

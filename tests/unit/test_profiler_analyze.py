@@ -131,7 +131,9 @@ def test_verdict_rules():
     assert "larger batch" in A.verdict(_figures(utilisation=0.9))["lever"]
     assert "amp=True" in A.verdict(_figures(utilisation=0.9, precision="float32"))["lever"]
     data = A.verdict(_figures(data_ms=6.0, idle_data_ms=6.0))
-    assert data["name"] == "dataloader-bound" and "workers=8" in data["lever"]
+    assert data["name"] == "dataloader-bound" and "workers=8" in data["lever"] and "cache=ram" in data["lever"]
+    cached = A.verdict(_figures(data_ms=6.0, idle_data_ms=6.0, cache="ram"))  # cache=auto chose RAM: say so
+    assert "cache=ram" not in cached["lever"] and "cached in RAM already" in cached["lever"]
     host = A.verdict(_figures(idle_long_ms=6.0))
     assert host["name"] == "host-bound" and "loss 3.0 ms" in host["reason"]
     assert A.verdict(_figures(syncs_per_step=A.HOST_SYNCS_PER_STEP))["name"] == "host-bound"

@@ -368,7 +368,7 @@ class ClassValLoader:
 
 def build_classify_train_loader(data: ClassifyData, cfg, rank: int = 0, world_size: int = 1) -> ClassTrainLoader:
     """The training loader; under multi-process training, rank's share of every global batch."""
-    if getattr(cfg, "cache", False):
+    if getattr(cfg, "cache", False) not in (False, "auto"):  # auto: nothing to say where no cache applies
         log.info("cache=%s is not used for classification: images are read from their files", cfg.cache)
     if getattr(cfg, "multi_scale", False):
         log.info("multi_scale=true is not used for classification: the random resized crop already varies "

@@ -436,7 +436,7 @@ class SegValLoader(ClassValLoader):
 
 def build_segment_train_loader(data: SegmentData, cfg, rank: int = 0, world_size: int = 1) -> SegTrainLoader:
     """The training loader; under multi-process training, rank's share of every global batch."""
-    if getattr(cfg, "cache", False):
+    if getattr(cfg, "cache", False) not in (False, "auto"):  # auto: nothing to say where no cache applies
         log.info("cache=%s is not used for segmentation: images and masks are read from their files", cfg.cache)
     if getattr(cfg, "multi_scale", False):
         log.info("multi_scale=true is not used for segmentation: the random resize already varies the scale, and "

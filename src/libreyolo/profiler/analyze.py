@@ -457,7 +457,8 @@ def verdict(f: dict) -> dict:
                       "already in memory)")
     else:
         wait = f"the loop waited for the next batch {data_share:.0%} of the step ({f['data_ms']:.1f} of {f['step_ms']:.1f} ms)"
-        data_lever = f"more dataloader workers (workers={f['workers']} now) or cache=ram"
+        data_lever = (f"more dataloader workers (workers={f['workers']} now; the images are cached in RAM already)"
+                      if f.get("cache") == "ram" else f"more dataloader workers (workers={f['workers']} now) or cache=ram")
     if util >= COMPUTE_BOUND_UTIL:
         reason = (f"GPU kernels busy {util:.0%} of the step" if f["cuda"] else
                   f"the CPU computes {util:.0%} of the step ({1 - util:.0%} waiting for data)")
@@ -540,7 +541,7 @@ def timed_steps(steps: list[dict]) -> list[dict]:
 
 def analyse_window(steps: list[dict], events: list[dict], syncs: list[float], cuda: bool,
                    workers: int, precision: str, graphed: bool = False, mode: str = "train",
-                   designed_syncs: float = 0.0, allocator: dict | None = None) -> dict:
+                   designed_syncs: float = 0.0, allocator: dict | None = None, cache: str | None = None) -> dict:
     """The window's utilisation, idle split and verdict (per-step figures are filled into `steps`
     too): step time, data wait and host phase times from the timed steps, kernels, syncs and the
     gap split from the recorded unsynchronised half (the module docstring). `graphed`: the window's
@@ -572,7 +573,7 @@ def analyse_window(steps: list[dict], events: list[dict], syncs: list[float], cu
          "syncs_per_step": sum(s["syncs"] for s in first) / n, "kernels_per_step": len(durs) / n,
          "kernel_median_us": stats(durs)["median"] or 0.0,
          "host_phases": sorted(host.items(), key=lambda kv: -kv[1]), "workers": workers, "precision": precision,
-         "graphed": graphed, "mode": mode, "designed_syncs_per_step": designed_syncs, **(allocator or {})}
+         "cache": cache, "graphed": graphed, "mode": mode, "designed_syncs_per_step": designed_syncs, **(allocator or {})}
     where = "unrecorded steps" if timed else "recorded steps: no unrecorded step of the window's kind"
     out = {"basis": (f"kernel busy (recorded steps) / step time ({where})" if cuda else
                      f"(step - data wait) / step time ({where})"),

@@ -658,7 +658,7 @@ def assemble(trainer, steps: list[dict], trace: dict, tid: int, window: dict, ov
         "reserved_mb": allocator["reserved_mb"], "limit_mb": allocator["limit_mb"], "alloc_conf": allocator["conf"]}
     figures = A.analyse_window(steps, events, syncs, cuda, trainer.cfg.workers, trainer.precision.describe(),
                                graphed=bool(overhead.get("graphed")), mode=mode, designed_syncs=designed,
-                               allocator=alloc)
+                               allocator=alloc, cache=cache_mode(trainer))
     A.second_half_phases(steps, events, cuda)
     memory = {**_memory(device), "allocator": allocator}
     run = _run_metadata(trainer)
@@ -751,6 +751,13 @@ def _graph_state(trainer) -> dict:
             "pool_mb": None if pool is None else float(pool)}
 
 
+def cache_mode(trainer) -> str | bool:
+    """The image cache the training loader uses ("ram", "disk" or false): `cache=auto` resolved.
+    Loaders without an image cache (classification, segmentation) report false."""
+    cache = getattr(getattr(getattr(trainer, "train_loader", None), "dataset", None), "cache", None)
+    return getattr(cache, "mode", None) or False
+
+
 def _run_metadata(trainer) -> dict:
     cfg, device = trainer.cfg, trainer.device
     cuda = device.type == "cuda"
@@ -758,7 +765,7 @@ def _run_metadata(trainer) -> dict:
             "arch": trainer.arch, "data": trainer.data_cfg.name,
             "device": str(device), "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
             "torch": torch.__version__, "cuda": torch.version.cuda if cuda else None,
-            "batch": cfg.batch, "imgsz": cfg.imgsz, "workers": cfg.workers, "cache": cfg.cache,
+            "batch": cfg.batch, "imgsz": cfg.imgsz, "workers": cfg.workers, "cache": cache_mode(trainer),
             "precision": trainer.precision.describe(), "channels_last": cfg.channels_last,
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark) if cuda else None,
             "cuda_graph": _graph_state(trainer), "run_dir": str(trainer.run_dir)}
