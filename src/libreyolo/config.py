@@ -124,7 +124,7 @@ def key_type(key: str) -> Any:
 
 
 def describe_type(tp: Any) -> str:
-    """Human form of a key's type: 'int', 'float', 'bool', 'str', 'sgd|adamw', 'false|ram|disk'."""
+    """Human form of a key's type: 'int', 'float', 'bool', 'str', 'sgd|adamw', 'auto|false|ram|disk'."""
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "|".join(str(a) for a in typing.get_args(tp))
@@ -132,8 +132,8 @@ def describe_type(tp: Any) -> str:
         parts = [describe_type(a) for a in typing.get_args(tp) if a is not type(None)]
         if type(None) in typing.get_args(tp):
             parts.append("none")
-        if parts == ["ram|disk", "bool"]:
-            return "false|ram|disk"
+        if parts == ["auto|ram|disk", "bool"]:
+            return "auto|false|ram|disk"
         if parts == ["auto", "bool"]:
             return "auto|bool"
         return "|".join(parts)

@@ -270,7 +270,7 @@ CASES: list[tuple[str, list[str], str, object]] = [
     ("amp=maybe", ["train", "amp=maybe"], "bad value for 'amp': 'maybe' (allowed: bool)", None),
     ("optimizer=adam", ["train", "optimizer=adam"], "(allowed: auto|sgd|adamw)", None),
     ("amp_dtype", ["train", "amp_dtype=float8"], "(allowed: float16|bfloat16)", None),
-    ("cache=maybe", ["train", "cache=maybe"], "(allowed: false|ram|disk)", None),
+    ("cache=maybe", ["train", "cache=maybe"], "(allowed: auto|false|ram|disk)", None),
     ("nbs=0", ["train", "nbs=0"], "bad value for 'nbs': 0", None),
     ("workers=-1", ["train", "--workers=-1"], "bad value for 'workers': -1", None),
     ("save_period=-2", ["train", "--save-period=-2"], "bad value for 'save_period': -2", None),

@@ -16,7 +16,7 @@ CASES = [
     (["train", "batch=2", "batch=4"], "key 'batch' given twice"),
     (["train", "amp_dtype=float8"], "bad value for 'amp_dtype': 'float8' (allowed: float16|bfloat16)"),
     (["train", "lr0=nan"], "bad value for 'lr0': 'nan' (allowed: float)"),
-    (["train", "cache=maybe"], "bad value for 'cache': 'maybe' (allowed: false|ram|disk)"),
+    (["train", "cache=maybe"], "bad value for 'cache': 'maybe' (allowed: auto|false|ram|disk)"),
     (["train", "--batch"], "bad value for 'batch': 'true' (allowed: int)"),
     (["train", "=3"], "missing key in '=3'"),
     (["val", "epochs=3"], "key 'epochs' does not apply here"),
@@ -134,7 +134,7 @@ def test_cfg_json_parses(inproc):
     rows = json.loads(inproc("cfg", "--json").stdout)
     by_key = {r["key"]: r for r in rows}
     assert by_key["amp_dtype"]["type"] == "float16|bfloat16"
-    assert by_key["cache"]["type"] == "false|ram|disk"
+    assert by_key["cache"]["type"] == "auto|false|ram|disk"
     assert all(r["doc"] for r in rows)
 
 
