@@ -216,3 +216,37 @@ def test_pickled_code_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"format": MAGIC, "schema": SCHEMA, **_payload(extra=Foreign())}, path)
     assert _one_line_error(path) == f"'{path}' is not a LibreYOLO checkpoint ({pickle.UnpicklingError.__name__})"
+
+
+def test_background_writes_land_in_order_and_hold_what_was_submitted(tmp_path):
+    from libreyolo.engine.checkpoint import BackgroundWriter
+
+    writer = BackgroundWriter()
+    payloads = [_payload(epoch=e) for e in range(4)]
+    for p in payloads:
+        writer.submit(tmp_path / "last.pt", p)
+    writer.submit(tmp_path / "best.pt", payloads[1])
+    writer.wait()
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 3  # the last submitted write won
+    best = load_checkpoint(tmp_path / "best.pt")
+    assert best["epoch"] == 1 and all(torch.equal(best["model"][k], v) for k, v in payloads[1]["model"].items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]  # no temp left
+    writer.wait()  # idempotent; the thread is gone
+    writer.submit(tmp_path / "again.pt", _payload())  # and a later submit starts one again
+    writer.wait()
+    assert load_checkpoint(tmp_path / "again.pt")["format"] == MAGIC
+
+
+def test_a_failed_background_write_is_one_line_at_the_next_call(tmp_path):
+    from libreyolo.engine.checkpoint import BackgroundWriter
+
+    (tmp_path / "file").write_text("x")
+    writer = BackgroundWriter()
+    writer.submit(tmp_path / "file" / "last.pt", _payload())  # a folder that is a file
+    with pytest.raises(CheckpointError) as err:
+        writer.wait()
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"cannot write checkpoint {tmp_path / 'file' / 'last.pt'}: ")
+    writer.submit(tmp_path / "file" / "x.pt", _payload())
+    writer.wait(raise_errors=False)  # a failed run's clean-up path: no second exception
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]

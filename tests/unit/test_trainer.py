@@ -81,6 +81,39 @@ def test_resume_of_an_optimizer_state_that_does_not_fit_is_one_line(tmp_path):
     assert "\n" not in str(err.value) and "fine-tune from its weights" in str(err.value)
 
 
+def test_a_detached_training_state_shares_no_tensor_with_the_trainer(tmp_path, monkeypatch):
+    """What the checkpoint thread writes while training goes on: nothing in it may change."""
+    from libreyolo.engine.state import training_state
+    from libreyolo.engine.trainer import Trainer
+
+    checked = []
+    submit = Trainer.save_in_background
+
+    def check(self, *paths):  # at the epoch's end, on the live trainer
+        live = list(_tensors(self.optimizer.state_dict())) + list(self.model.parameters())
+        assert live and any(t.numel() > 1 for t in _tensors(self.optimizer.state_dict()["state"]))
+        ptrs = {t.untyped_storage().data_ptr() for t in live}
+        state = training_state(self, detached=True)
+        checked.append(not {t.untyped_storage().data_ptr() for t in _tensors(state)} & ptrs)
+        assert {t.untyped_storage().data_ptr() for t in _tensors(training_state(self))} & ptrs  # the plain one shares
+        submit(self, *paths)
+
+    monkeypatch.setattr(Trainer, "save_in_background", check)
+    LibreYOLO("yolo9-t").train(epochs=1, project=str(tmp_path), **TINY)
+    assert checked == [True]
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
 def test_run_timings_cover_epochs_validation_and_checkpoints(tmp_path):
     import json
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,40 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     with atomic_path(path) as tmp:
         torch.save({"format": MAGIC, "schema": SCHEMA, **payload}, tmp)
     return Path(path)
+
+
+class BackgroundWriter:
+    """Checkpoint writes on one thread, in the order asked, off the training loop: the loop pays
+    for a detached copy of the state (engine/state.training_state), the thread for serialising and
+    writing it. Each write is atomic (save_checkpoint). A failed write surfaces as one
+    CheckpointError line at the next submit or wait."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[tuple[Path, Future]] = []
+
+    def submit(self, path: str | Path, payload: dict[str, Any]) -> None:
+        self._collect(block=False)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="libreyolo-checkpoint")
+        self._pending.append((Path(path), self._pool.submit(save_checkpoint, path, payload)))
+
+    def wait(self, raise_errors: bool = True) -> None:
+        """Until every submitted write has finished; then the thread stops (a later submit starts it)."""
+        try:
+            self._collect(block=True, raise_errors=raise_errors)
+        finally:
+            if self._pool is not None and not self._pending:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def _collect(self, block: bool, raise_errors: bool = True) -> None:
+        while self._pending and (block or self._pending[0][1].done()):
+            path, future = self._pending.pop(0)
+            exc = future.exception()  # waits for it
+            if exc is not None and raise_errors:
+                raise CheckpointError(f"cannot write checkpoint {path}: {type(exc).__name__}: "
+                                      f"{str(exc).strip()[:200]}") from None
 
 
 def remove_stale_temps(folder: str | Path) -> list[Path]:

@@ -242,19 +242,22 @@ class ResultsHook(Hook):
 
 class CheckpointHook(Hook):
     """last.pt every epoch, best.pt when `validation` (the run's ValidationHook) saw a new best
-    this epoch, epochN.pt every `save_period` epochs. Runs after the validation hook."""
+    this epoch, epochN.pt every `save_period` epochs. Runs after the validation hook. The files
+    are written on the trainer's checkpoint thread, which the trainer waits for before
+    `after_train` (and before it names the last good state of a failed run)."""
 
     def __init__(self, validation: ValidationHook | None = None) -> None:
         self.validation = validation
 
     def after_epoch(self, trainer: Trainer) -> None:
         weights = trainer.run_dir / "weights"
-        trainer.save(weights / "last.pt")
+        paths = [weights / "last.pt"]
         if self.validation is not None and self.validation.improved_at(trainer.epoch):
-            trainer.save(weights / "best.pt")
+            paths.append(weights / "best.pt")
         period = trainer.cfg.save_period
         if period > 0 and (trainer.epoch + 1) % period == 0:
-            trainer.save(weights / f"epoch{trainer.epoch + 1}.pt")
+            paths.append(weights / f"epoch{trainer.epoch + 1}.pt")
+        trainer.save_in_background(*paths)
 
 
 def _rate(img_s: float) -> str:

@@ -8,6 +8,7 @@ resolved config, every RNG (every rank's under multi-process training) and each 
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,17 +25,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("libreyolo")
 
 
-def training_state(trainer: Trainer) -> dict[str, Any]:
+def training_state(trainer: Trainer, detached: bool = False) -> dict[str, Any]:
+    """The checkpoint's content. With `detached`, nothing in it is shared with the live trainer
+    (the optimizer's state tensors and the hooks' states are copied too; the weights always are),
+    so another thread can write it while training goes on."""
     ema = trainer.ema
+    optimizer = trainer.optimizer.state_dict()  # its tensors are the live ones
+    hooks = {type(h).__name__: h.state_dict() for h in trainer.hooks}
+    if detached:
+        optimizer, hooks = _copied(optimizer), copy.deepcopy(hooks)
     return {
         "family": trainer.family.name, "size": trainer.size, "task": trainer.task.name,
         "names": list(trainer.data_cfg.names),
         "model": cpu_state(trainer.model), "ema": cpu_state(ema.ema) if ema else None,
         "ema_updates": ema.updates if ema else 0,
-        "optimizer": trainer.optimizer.state_dict(), "precision": trainer.precision.state_dict(),
+        "optimizer": optimizer, "precision": trainer.precision.state_dict(),
         "epoch": trainer.epoch, "metrics": dict(trainer.metrics), "config": trainer.cfg.to_dict(),
         "rng": ckpt_io.rng_state(),
-        "hooks": {type(h).__name__: h.state_dict() for h in trainer.hooks},
+        "hooks": hooks,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         # A multi-process run's every RNG, rank by rank: a resume on as many processes restores
         # each; on another count rank 0 takes `rng` and the others start from seed + rank.
@@ -83,6 +91,17 @@ def _restore(trainer: Trainer, ckpt: dict) -> None:
     for hook in trainer.hooks:
         hook.load_state_dict(saved.get(type(hook).__name__, {}))
     log.info(f"resuming from epoch {trainer.start_epoch + 1}/{trainer.cfg.epochs}")
+
+
+def _copied(value: Any) -> Any:
+    """`value` with every tensor copied to the CPU and every container rebuilt."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(v) for v in value)
+    return copy.deepcopy(value)
 
 
 def cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -102,6 +102,7 @@ class Trainer:
         self.validated_epoch = -1
         self.meter = LossMeter(tuple(self.criterion.item_names), device)
         self.rank_rng: list | None = None  # every rank's RNG state at the epoch end (rank 0)
+        self.checkpoints = ckpt_io.BackgroundWriter()  # CheckpointHook's writes
         if resume is not None:
             restore_training_state(self, resume)
         if w.active:
@@ -143,6 +144,7 @@ class Trainer:
                 epochs_run += 1
                 if self.stop:
                     break
+        self.wait_for_checkpoints()
         self._call("after_train")
         self.clock.finish()
         timings = self.clock.summary()
@@ -225,6 +227,7 @@ class Trainer:
         return self.meter.epoch_means()
 
     def _last_good(self) -> str:
+        self.checkpoints.wait(raise_errors=False)  # a pending last.pt is the last good state once written
         last = self.run_dir / "weights" / "last.pt" if self.run_dir is not None else None
         if last is not None and last.exists():
             return f"the last good state is {last} (end of epoch {self.epoch})"
@@ -248,6 +251,19 @@ class Trainer:
 
     def save(self, path: Path) -> Path:
         return ckpt_io.save_checkpoint(path, self.state_dict())
+
+    def save_in_background(self, *paths: Path) -> None:
+        """One detached copy of the training state, written to each of `paths` on the checkpoint
+        thread: the files are complete after `wait_for_checkpoints`."""
+        state = training_state(self, detached=True)
+        for path in paths:
+            self.checkpoints.submit(path, state)
+
+    def wait_for_checkpoints(self) -> None:
+        """Block until the background writes are on disk; the wait counts as checkpoint time."""
+        t0 = time.perf_counter()
+        self.checkpoints.wait()
+        self.clock.add_hook("CheckpointHook", time.perf_counter() - t0)
 
     # --- hooks ----------------------------------------------------------------------------------
     def _call(self, event: str) -> None:
