@@ -10,7 +10,9 @@ figures the train summary prints and `timings.json` holds:
 - `first_epoch_s`, `steady_epoch_s` (median of the later epochs' step loops) and
   `first_epoch_overhead_s` = first - steady: warm-up costs (cuDNN autotuning, graph capture,
   worker start) that only the first epoch pays;
-- `validation_s`, `val_img_s`, `checkpoint_s`: totals of the validation and checkpoint hooks;
+- `validation_s`, `val_img_s`, `checkpoint_s`: totals of the validation and checkpoint hooks
+  (the checkpoint figure is the training thread's share: the state's detached copy each epoch and
+  the wait for the checkpoint thread at the end);
 - `*_unix` marks, so a harness that knows when it started the process can compute the time to
   the first step (imports and model build included).
 """
