@@ -61,7 +61,10 @@ def resolve_auto(n: int, imgsz: int, tag: str) -> str | None:
     """`cache=auto` -> "ram" or None, with one log line saying why. The need is an upper bound:
     every image decoded at imgsz x imgsz x 3 bytes (the long side is imgsz)."""
     need = n * imgsz * imgsz * 3
-    procs = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # each training process keeps its own
+    try:  # each training process on this machine keeps its own (set by torch's elastic launcher)
+        procs = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        procs = 1
     avail = available_memory()
     if avail is None:
         log.info("%s: cache=auto: no cache (the available memory is unknown; cache=ram forces it)", tag)
