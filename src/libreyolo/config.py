@@ -36,7 +36,7 @@ class TrainConfig:
     imgsz: int = _key(640, "square training/validation image size in pixels (multiple of 32)", lo=32, val=True)
     device: str = _key("auto", "cpu, cuda, cuda:N, N, auto (first CUDA device if any), or a GPU list 0,1 for multi-GPU training (one process per GPU, under torchrun)", val=True)
     workers: int = _key(8, "dataloader worker processes, per training process (clamped to the CPU count)", lo=0, val=True)
-    cache: Union[Literal["auto", "ram", "disk"], bool] = _key("auto", "cache decoded images: false, ram, disk, or auto (ram when the decoded images take at most a quarter of the memory available, else false)", group="data")
+    cache: Union[Literal["auto", "ram", "disk"], bool] = _key("auto", "cache decoded images: false, ram, disk, or auto (ram for the train and for the val images when each set takes at most a quarter of the memory available, a container's limit included; else false)", group="data")
     seed: int = _key(0, "random seed for weights, augmentation and sampling", lo=0)
     deterministic: bool = _key(False, "use deterministic algorithms (slower)")
     patience: int = _key(100, "stop after this many epochs without fitness improvement (0 = never; fitness: 0.9 mAP50-95 + 0.1 mAP50, top-1, or mIoU)", lo=0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -277,7 +277,8 @@ class LibreYOLO:
                 log.warning(f"validating {self.arch} with random weights (no checkpoint given)")
             model = build_model(self.source, len(data_cfg.names), exact=True).to(device).eval()
             precision = Precision.create(cfg.amp, cfg.amp_dtype, device)
-            loader = task.val_loader(data_cfg, cfg)
+            # One pass over the images: a cache (cache=auto's RAM) would only hold them in memory.
+            loader = task.val_loader(data_cfg, replace(cfg, cache=False))
         used = ", ".join(f"{k} {getattr(cfg, k)} ({_ORIGIN[origin[k]]})" for k in INFERENCE_KEYS)
         log.info(f"validating {self.arch}: {used}; {loader.num_images} val images on {device}; "
                  f"precision: {precision.describe()}")

@@ -210,8 +210,27 @@ def test_cache_auto_budget(monkeypatch, caplog):
         C.resolve_auto(10, 64, "train")
     assert caplog.records[-1].getMessage() == (
         "train: cache=auto: ram (10 images need at most 0 MB, within 25% of the 0.0 GB available, over 2 processes)")
-    mem = C.available_memory()
-    assert mem is None or mem > 0
+
+
+@pytest.mark.parametrize("files,expected", [
+    ({}, 8 << 30),                                                             # no cgroup files
+    ({"memory.max": "max\n", "memory.current": "123\n"}, 8 << 30),             # v2, no limit
+    ({"memory.max": f"{4 << 30}\n", "memory.current": f"{1 << 30}\n"}, 3 << 30),  # v2 limit, below MemAvailable
+    ({"memory.max": f"{64 << 30}\n", "memory.current": "0\n"}, 8 << 30),       # v2 limit above it
+    ({"memory/memory.limit_in_bytes": "9223372036854771712\n", "memory/memory.usage_in_bytes": "5\n"}, 8 << 30),
+    ({"memory/memory.limit_in_bytes": f"{2 << 30}\n", "memory/memory.usage_in_bytes": f"{3 << 30}\n"}, 0),
+])
+def test_available_memory_takes_the_tighter_of_the_machine_and_the_cgroup(tmp_path, files, expected):
+    from libreyolo.data.cache import available_memory
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: {16 << 20} kB\nMemAvailable: {8 << 20} kB\n")
+    for name, text in files.items():
+        (tmp_path / "cg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "cg" / name).write_text(text)
+    assert available_memory(meminfo, tmp_path / "cg") == expected
+    real = available_memory()  # this machine's, unpatched
+    assert real is None or real > 0
 
 
 def test_seeded_runs_are_reproducible_whatever_the_workers(data):

@@ -7,7 +7,9 @@ graphed, compiled or DDP-wrapped module.
 
 from __future__ import annotations
 
+import logging
 import random
+import threading
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +20,8 @@ import torch
 
 from ..atomic import atomic_path
 from ..errors import CheckpointError
+
+log = logging.getLogger("libreyolo")
 
 SCHEMA = 1
 MAGIC = "libreyolo-checkpoint"
@@ -33,35 +37,47 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
 class BackgroundWriter:
     """Checkpoint writes on one thread, in the order asked, off the training loop: the loop pays
     for a detached copy of the state (engine/state.training_state), the thread for serialising and
-    writing it. Each write is atomic (save_checkpoint). A failed write surfaces as one
-    CheckpointError line at the next submit or wait."""
+    writing it. Each write is atomic (save_checkpoint). `written` maps each path to the tag of
+    its last write that succeeded. Thread-safe: a watchdog thread may wait while the loop submits."""
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: list[tuple[Path, Future]] = []
+        self._pending: list[tuple[Path, Any, Future]] = []
+        self._lock = threading.Lock()
+        self.written: dict[Path, Any] = {}
 
-    def submit(self, path: str | Path, payload: dict[str, Any]) -> None:
-        self._collect(block=False)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="libreyolo-checkpoint")
-        self._pending.append((Path(path), self._pool.submit(save_checkpoint, path, payload)))
+    def submit(self, path: str | Path, payload: dict[str, Any], tag: Any = None) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="libreyolo-checkpoint")
+            self._pending.append((Path(path), tag, self._pool.submit(save_checkpoint, path, payload)))
 
     def wait(self, raise_errors: bool = True) -> None:
-        """Until every submitted write has finished; then the thread stops (a later submit starts it)."""
-        try:
-            self._collect(block=True, raise_errors=raise_errors)
-        finally:
-            if self._pool is not None and not self._pending:
-                self._pool.shutdown(wait=True)
-                self._pool = None
-
-    def _collect(self, block: bool, raise_errors: bool = True) -> None:
-        while self._pending and (block or self._pending[0][1].done()):
-            path, future = self._pending.pop(0)
-            exc = future.exception()  # waits for it
-            if exc is not None and raise_errors:
-                raise CheckpointError(f"cannot write checkpoint {path}: {type(exc).__name__}: "
-                                      f"{str(exc).strip()[:200]}") from None
+        """Until every submitted write has finished; then the thread stops (a later submit starts
+        it again). A failed write raises one CheckpointError line, or with `raise_errors=False`
+        (a failure path, where another error is on its way) is logged."""
+        failed = []
+        while True:
+            with self._lock:
+                if not self._pending:
+                    if self._pool is not None:
+                        self._pool.shutdown(wait=False)  # idle: nothing left for it
+                        self._pool = None
+                    break
+                path, tag, future = self._pending[0]
+            exc = future.exception()  # waits for it, outside the lock
+            with self._lock:
+                if not self._pending or self._pending[0][2] is not future:
+                    continue  # another thread collected it
+                self._pending.pop(0)
+                if exc is None:
+                    self.written[path] = tag
+            if exc is not None:
+                failed.append(f"cannot write checkpoint {path}: {type(exc).__name__}: {str(exc).strip()[:200]}")
+        for message in failed[1:] if raise_errors else failed:
+            log.warning(message)
+        if failed and raise_errors:
+            raise CheckpointError(failed[0])
 
 
 def remove_stale_temps(folder: str | Path) -> list[Path]:

@@ -9,6 +9,7 @@ a non-finite step means (without a scaler, the run stops with one line).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -44,16 +45,17 @@ class LossMeter:
         self.interval_steps += 1
         self._interval_images += images
 
-    def read(self, scaler_enabled: bool, where: str, last_good: str) -> None:
+    def read(self, scaler_enabled: bool, where: str, last_good: Callable[[], str]) -> None:
         """Fetch the interval's sums (the sync). Non-finite steps without a loss scaler raise
-        NonFiniteLossError naming `where` (epoch, step) and `last_good` (what to resume from)."""
+        NonFiniteLossError naming `where` (epoch, step) and `last_good()` (what to resume from,
+        asked only then: it waits for the checkpoint thread)."""
         values = torch.cat([self._acc, self._finite.reshape(1)]).tolist()
         *sums, finite = values
         bad = self.interval_steps - int(finite)
         if bad and not scaler_enabled:
             means = " ".join(f"{k}={v:.4g}" for k, v in self.epoch_means().items())
             raise NonFiniteLossError(f"non-finite loss at {where} ({bad} of the last {self.interval_steps} steps); "
-                                     f"epoch mean so far {means}; {last_good}")
+                                     f"epoch mean so far {means}; {last_good()}")
         self._epoch_sum = [a + b for a, b in zip(self._epoch_sum, sums)]
         self._epoch_count += int(finite)
         elapsed = max(time.perf_counter() - self._interval_t0, 1e-9)

@@ -7,9 +7,11 @@ through its loaders, its evaluation and its fitness; the step never knows it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,7 +131,8 @@ class Trainer:
         self.clock.start_train()
         self._call("before_train")
         epochs_run = 0
-        with distributed.failures_as_error(self.world, self.cfg.ddp_timeout, self._last_good), \
+        with self._checkpoints_settled(), \
+                distributed.failures_as_error(self.world, self.cfg.ddp_timeout, self._last_good), \
                 out_of_memory_as_error(self.cfg, self.device):
             for epoch in range(self.start_epoch, self.cfg.epochs):
                 self.epoch = epoch
@@ -144,8 +147,10 @@ class Trainer:
                 epochs_run += 1
                 if self.stop:
                     break
-        self.wait_for_checkpoints()
-        self._call("after_train")
+        try:
+            self.wait_for_checkpoints()
+        finally:
+            self._call("after_train")
         self.clock.finish()
         timings = self.clock.summary()
         if self.world.main:
@@ -220,17 +225,21 @@ class Trainer:
         # them with the normaliser each step), so this read needs no collective, and every rank
         # reaches the same verdict on a non-finite loss.
         self.meter.read(self.precision.scaler_enabled, f"epoch {self.epoch + 1}, step {self.batch_index + 1}",
-                        self._last_good())
+                        self._last_good)
 
     def epoch_losses(self) -> dict[str, float]:
         """Mean loss items over this epoch's finite steps read back so far."""
         return self.meter.epoch_means()
 
     def _last_good(self) -> str:
+        """What a failed run can resume from (asked only on a failure path)."""
         self.checkpoints.wait(raise_errors=False)  # a pending last.pt is the last good state once written
         last = self.run_dir / "weights" / "last.pt" if self.run_dir is not None else None
-        if last is not None and last.exists():
-            return f"the last good state is {last} (end of epoch {self.epoch})"
+        epoch = self.checkpoints.written.get(last)  # the epoch of the last write that succeeded
+        if epoch is not None:
+            return f"the last good state is {last} (end of epoch {epoch + 1})"
+        if last is not None and last.exists():  # from before this process (a resume)
+            return f"the last good state is {last} (end of epoch {self.start_epoch})"
         return "no good state was saved (the first epoch failed)"
 
     # --- validation, checkpoints ----------------------------------------------------------------
@@ -254,10 +263,23 @@ class Trainer:
 
     def save_in_background(self, *paths: Path) -> None:
         """One detached copy of the training state, written to each of `paths` on the checkpoint
-        thread: the files are complete after `wait_for_checkpoints`."""
+        thread: the files are complete after `wait_for_checkpoints`. The previous epoch's writes
+        are waited for first (they have had a whole epoch), so one epoch's state at most is in
+        flight, and a write that failed raises here, one CheckpointError line."""
+        self.checkpoints.wait()
         state = training_state(self, detached=True)
         for path in paths:
-            self.checkpoints.submit(path, state)
+            self.checkpoints.submit(path, state, tag=self.epoch)
+
+    @contextlib.contextmanager
+    def _checkpoints_settled(self) -> Iterator[None]:
+        """A loop that raises (out of memory, Ctrl-C, a hook's error) still lets the pending
+        writes finish before the error goes on; their own failures are logged, not raised over it."""
+        try:
+            yield
+        except BaseException:
+            self.checkpoints.wait(raise_errors=False)
+            raise
 
     def wait_for_checkpoints(self) -> None:
         """Block until the background writes are on disk; the wait counts as checkpoint time."""

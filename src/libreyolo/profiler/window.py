@@ -768,4 +768,5 @@ def _run_metadata(trainer) -> dict:
             "batch": cfg.batch, "imgsz": cfg.imgsz, "workers": cfg.workers, "cache": cache_mode(trainer),
             "precision": trainer.precision.describe(), "channels_last": cfg.channels_last,
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark) if cuda else None,
+            "cudnn_benchmark_limit": int(torch.backends.cudnn.benchmark_limit) if cuda else None,
             "cuda_graph": _graph_state(trainer), "run_dir": str(trainer.run_dir)}
