@@ -287,8 +287,8 @@ class _GraphedRegion(torch.autograd.Function):
     The backward replay adds the parameters' gradients into their `.grad` itself, so autograd
     needs no edge to the parameters: the node's one differentiable input is `anchor`, a scalar
     that only makes the outputs require grad. (With every parameter as an input, applying the
-    node and running its backward cost 1.5 ms of host time per step for YOLOv9-t's 675
-    parameters on a 2-core CPU, against 21 us with the anchor.)
+    node and running its backward cost 1.7 ms of host time per step for YOLOv9-t's 675
+    parameters on a 2-core CPU, against 25 us with the anchor: benchmarks/autograd_inputs.py.)
     """
 
     @staticmethod
