@@ -134,6 +134,8 @@ def test_verdict_rules():
     assert data["name"] == "dataloader-bound" and "workers=8" in data["lever"] and "cache=ram" in data["lever"]
     cached = A.verdict(_figures(data_ms=6.0, idle_data_ms=6.0, cache="ram"))  # cache=auto chose RAM: say so
     assert "cache=ram" not in cached["lever"] and "cached in RAM already" in cached["lever"]
+    uncachable = A.verdict(_figures(data_ms=6.0, idle_data_ms=6.0, cache="n/a"))  # classify, segment
+    assert "cache=ram" not in uncachable["lever"] and "cache does not apply" in uncachable["lever"]
     host = A.verdict(_figures(idle_long_ms=6.0))
     assert host["name"] == "host-bound" and "loss 3.0 ms" in host["reason"]
     assert A.verdict(_figures(syncs_per_step=A.HOST_SYNCS_PER_STEP))["name"] == "host-bound"

@@ -77,6 +77,7 @@ def test_profile_window_writes_artifacts_and_training_continues(profiled):
     assert isinstance(p["overhead"]["fraction"], float)
     assert h["syncs_per_step"] == 0 and h["peak_memory_mb"] > 0 and h["precision"] == "float32"
     assert h["cuda_graph"] is False and p["run"]["cuda_graph"] == {"enabled": False, "replayed_steps": 0, "pool_mb": None}
+    assert p["run"]["cache"] == "ram"  # cache=auto resolved: 8 images of at most 128 x 128 x 3 bytes fit
     # The captured region (YOLOv9: the network) timed around the step's capturable, inside its phases.
     cap = p["capture"]
     assert cap["region"] == "network" and cap["forward_host_ms"] > 0 and cap["backward_host_ms"] > 0

@@ -753,9 +753,9 @@ def _graph_state(trainer) -> dict:
 
 def cache_mode(trainer) -> str | bool:
     """The image cache the training loader uses ("ram", "disk" or false): `cache=auto` resolved.
-    Loaders without an image cache (classification, segmentation) report false."""
+    Loaders that have none (classification, segmentation read their files) report "n/a"."""
     cache = getattr(getattr(getattr(trainer, "train_loader", None), "dataset", None), "cache", None)
-    return getattr(cache, "mode", None) or False
+    return "n/a" if cache is None else getattr(cache, "mode", None) or False
 
 
 def _run_metadata(trainer) -> dict:
