@@ -57,23 +57,17 @@ class BackgroundWriter:
         it again). A failed write raises one CheckpointError line, or with `raise_errors=False`
         (a failure path, where another error is on its way) is logged."""
         failed = []
-        while True:
-            with self._lock:
-                if not self._pending:
-                    if self._pool is not None:
-                        self._pool.shutdown(wait=False)  # idle: nothing left for it
-                        self._pool = None
-                    break
-                path, tag, future = self._pending[0]
-            exc = future.exception()  # waits for it, outside the lock
-            with self._lock:
-                if not self._pending or self._pending[0][2] is not future:
-                    continue  # another thread collected it
-                self._pending.pop(0)
+        with self._lock:  # held while waiting: a second waiter finds the writes collected
+            pending, self._pending = self._pending, []
+            for path, tag, future in pending:
+                exc = future.exception()  # waits for it
                 if exc is None:
                     self.written[path] = tag
-            if exc is not None:
-                failed.append(f"cannot write checkpoint {path}: {type(exc).__name__}: {str(exc).strip()[:200]}")
+                else:
+                    failed.append(f"cannot write checkpoint {path}: {type(exc).__name__}: {str(exc).strip()[:200]}")
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)  # idle: nothing left for it
+                self._pool = None
         for message in failed[1:] if raise_errors else failed:
             log.warning(message)
         if failed and raise_errors:

@@ -105,4 +105,4 @@ def _copied(value: Any) -> Any:
 
 
 def cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+    return _copied(module.state_dict())

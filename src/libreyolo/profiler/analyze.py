@@ -457,10 +457,9 @@ def verdict(f: dict) -> dict:
                       "already in memory)")
     else:
         wait = f"the loop waited for the next batch {data_share:.0%} of the step ({f['data_ms']:.1f} of {f['step_ms']:.1f} ms)"
-        cache = f.get("cache")
-        data_lever = f"more dataloader workers (workers={f['workers']} now" + (
-            "; the images are cached in RAM already)" if cache == "ram" else
-            "; this task's loader reads its files, cache does not apply)" if cache == "n/a" else ") or cache=ram")
+        cache_note = {"ram": "; the images are cached in RAM already)",
+                      "n/a": "; this task's loader reads its files, cache does not apply)"}
+        data_lever = f"more dataloader workers (workers={f['workers']} now" + cache_note.get(f.get("cache"), ") or cache=ram")
     if util >= COMPUTE_BOUND_UTIL:
         reason = (f"GPU kernels busy {util:.0%} of the step" if f["cuda"] else
                   f"the CPU computes {util:.0%} of the step ({1 - util:.0%} waiting for data)")
