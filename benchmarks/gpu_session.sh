@@ -14,9 +14,10 @@
 #   profile          `libreyolo profile run` YOLOv9-t batch 8 at 640 float16, eager and graphed
 #   bench-t8         bench step YOLOv9-t batch 8: fp32 / float16 / bfloat16, each eager and graphed,
 #                    and float16 in NCHW (channels_last=false), eager and graphed
-#   autotune         bench step YOLOv9-t batch 8 float16 graphed (ARMS=... for others) with cudnn_benchmark=false
-#                    and cudnn_benchmark_limit 1 / 3 / 10 (torch's default): the warm-up's seconds
-#                    (autotuning and capture) against the steady step
+#   autotune         bench step batch 8 float16 graphed (ARMS=... for others) of AUTOTUNE_MODELS (default
+#                    yolo9-t) with AUTOTUNE_SETTINGS (default cudnn_benchmark=false and cudnn_benchmark_limit
+#                    1 / 3 / 10, torch's default): the warm-up's seconds (autotuning and capture) against
+#                    the steady step, in autotune/MODEL_SETTING.json
 #   bench-families   bench step YOLOX-t and RTMDet-t batch 8 float16, eager and graphed
 #   bench-matrix     bench step YOLOv9-t batch 2, 32 and YOLOv9-s batch 2, 8, 32, six arms each
 #   bench:MODEL:B    bench step MODEL at batch B, the six precision x graph arms (bench:yolo9-s:32);
@@ -154,11 +155,14 @@ stage_run() {
       # cuDNN autotuning's cost against what it buys: the warm-up steps (where every convolution
       # shape is timed, and the graph captured) and the steady step, at each algorithm limit
       mkdir -p "$out/autotune"
-      for v in cudnn_benchmark=false cudnn_benchmark_limit=1 cudnn_benchmark_limit=3 cudnn_benchmark_limit=10; do
-        python3 -m libreyolo bench step model=yolo9-t batch=8 imgsz=640 $v --arms ${ARMS:-float16+graph} --json \
-          > "$out/autotune/${v/=/_}.json" 2> "$out/autotune/${v/=/_}.log"
-        python3 -c "import json,sys; [print(sys.argv[1], r['arm'], 'warm-up s', r['stage_seconds']['warmup'], 'median ms',
-          r['step_ms_median'], 'busy ms', r['kernel_busy_ms']) for r in json.load(open(sys.argv[2]))]" "$v" "$out/autotune/${v/=/_}.json"
+      for m in ${AUTOTUNE_MODELS:-yolo9-t}; do
+        for v in ${AUTOTUNE_SETTINGS:-cudnn_benchmark=false cudnn_benchmark_limit=1 cudnn_benchmark_limit=3 cudnn_benchmark_limit=10}; do
+          f="$out/autotune/${m}_${v/=/_}"
+          python3 -m libreyolo bench step model="$m" batch=8 imgsz=640 $v --arms ${ARMS:-float16+graph} --json \
+            > "$f.json" 2> "$f.log"
+          python3 -c "import json,sys; [print(sys.argv[1], r['arm'], 'warm-up s', r['stage_seconds']['warmup'], 'median ms',
+            r['step_ms_median'], 'busy ms', r['kernel_busy_ms']) for r in json.load(open(sys.argv[2]))]" "$m $v" "$f.json"
+        done
       done ;;
     bench-families)
       matrix step_families_b8 --models yolox-t rtmdet-t --batches 8 --arms float16,float16+graph ;;
@@ -270,7 +274,8 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
         --epochs "$epochs" --seeds ${seeds//,/ } --work /tmp/tta --peer-python /tmp/peer-python \
         --ours-extra ${TTA_EXTRA:-} --out "$out/$tag.json" > "$out/$tag.md"
       cat "$out/$tag.md"
-      (cd /tmp/tta && tar czf "$out/${tag}_logs.tgz" *.log */timings.json */results.csv 2>/dev/null) ;;
+      # nullglob: a peer-only run has no timings.json, and tar exits 2 on a pattern that matched nothing
+      (cd /tmp/tta && shopt -s nullglob && tar czf "$out/${tag}_logs.tgz" *.log */timings.json */results.csv) ;;
     ddp)
       n=$(python3 -c "import torch; print(torch.cuda.device_count())")
       if [ "$n" -lt 2 ]; then echo "SKIPPED ddp: $n GPU(s) visible, it needs 2" | tee -a "$out/skipped.txt"; return 0; fi
