@@ -29,8 +29,10 @@ Resolved once per run from `amp`, `amp_dtype` and the device; the run log states
   the count of skipped steps is reported at each epoch end and in `results.csv`.
 - float32/bfloat16 have no scaler to absorb a non-finite loss: the run stops with one line naming
   the epoch, the step and the last loss items. The loss is read back once per `log_interval`
-  steps (the only host sync of the loop), so detection happens at that read; `last.pt` is only
-  ever written from a finite state at an epoch end, so it is the last good state.
+  steps, so detection happens at that read (on CUDA one interval later, since the read within an
+  epoch is deferred so the loop never waits on the device; the message names the interval the
+  loss went bad in); `last.pt` is only ever written from a finite state at an epoch end, so it
+  is the last good state.
 """
 
 

@@ -147,43 +147,51 @@ def graphed(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bench():
-    """`bench step` of the same step: YOLOv9-t batch 8 at 640, float16, eager and graphed, three
-    processes each (interleaved): the record is the median run's."""
+    """`bench step` of the same step: YOLOv9-t batch 8 at 640, float16, per arm (eager or graphed),
+    three processes: the record is the median run's. Each arm is benched when a test asks for it."""
     from libreyolo.bench import bench_step
 
-    records = bench_step({"model": "yolo9-t", "batch": 8, "imgsz": 640}, ["float16", "float16+graph"], repeat=3)
-    return {r["arm"]: r for r in records}
+    records = {}
+
+    def run(arm):
+        if arm not in records:
+            records[arm] = bench_step({"model": "yolo9-t", "batch": 8, "imgsz": 640}, [arm], repeat=3)[0]
+        return records[arm]
+    return run
 
 
-def test_profile_and_bench_agree_on_utilisation(eager, graphed, bench, tmp_path):
+@pytest.mark.parametrize("arm", ["float16", "float16+graph"])
+def test_profile_and_bench_agree_on_utilisation(arm, request, bench, tmp_path):
     """Issue 17's first item: the window's step time comes from unrecorded steps, so `profile run`
     and `bench step` measure the same utilisation (within 3 points), eager and graphed. The
     recorded steps' own figure and the overhead are printed: the bias the timed steps remove.
 
     An eager step follows the host, whose speed differs between processes on the H200 machine
     (one call: profile 82.5 ms, bench 99.0 ms for the same step, 4 points apart), so the eager
-    arm compares medians of three processes a side; graphed steps repeat within a few per cent."""
-    eager_runs = [eager[1]] + [json.loads((_profile_run("eager", tmp_path / str(i)) / "profile.json").read_text())
-                               for i in range(2)]
-    eager_median = sorted(eager_runs, key=lambda p: p["headline"]["utilisation"])[1]
-    misses = []
-    for p, arm, runs in ((eager_median, "float16", eager_runs), (graphed[1], "float16+graph", [graphed[1]])):
-        h, u, b = p["headline"], p["utilisation"], bench[arm]
-        print(json.dumps({"arm": arm, "profile_utilisation": h["utilisation"], "bench_utilisation": b["utilisation"],
-                          "profile_runs_utilisation": [r["headline"]["utilisation"] for r in runs],
-                          "profile_step_ms": h["step_ms_mean"], "bench_step_ms_median": b["step_ms_median"],
-                          "bench_runs_ms": b.get("runs_ms"), "profile_busy_ms": h["kernel_busy_ms"],
-                          "bench_busy_ms": b["kernel_busy_ms"], "recorded_step_ms": u["step_ms_recorded"]["mean"],
-                          "utilisation_recorded": u["utilisation_recorded"], "overhead_frac": h["overhead_frac"],
-                          "verdict": h["verdict"]}))
-        assert u["basis"] == "kernel busy (recorded steps) / step time (unrecorded steps)" and u["timed_steps"] >= 5
-        if abs(h["utilisation"] - b["utilisation"]) > 0.03:
-            misses.append((arm, round(h["utilisation"], 3), round(b["utilisation"], 3)))
-    assert not misses, misses
-    # Kernel time measured under the profiler still fits in the unprofiled step: its durations are
-    # not inflated (a graphed step is 0.8-0.9 busy, the check with the least room).
-    assert graphed[1]["headline"]["utilisation"] <= 1.02
-    assert graphed[1]["overhead"]["graphed"] is True and graphed[1]["capture"]["region"] == "network"
+    arm compares medians of three processes a side; graphed steps repeat within a few per cent.
+    The graphed arm once missed by 3.3 points (0.843 against 0.876) while the loss read-back still
+    synchronised: the read's step and the next took 27.5 and 25.2 ms against 19.9 (engine/meter.py)."""
+    if arm == "float16":  # each arm builds only its own fixture, so one arm can run alone (-k)
+        runs = [request.getfixturevalue("eager")[1]] + [json.loads((_profile_run("eager", tmp_path / str(i)) / "profile.json").read_text())
+                             for i in range(2)]
+        p = sorted(runs, key=lambda r: r["headline"]["utilisation"])[1]
+    else:
+        runs = [p := request.getfixturevalue("graphed")[1]]
+    h, u, b = p["headline"], p["utilisation"], bench(arm)
+    print(json.dumps({"arm": arm, "profile_utilisation": h["utilisation"], "bench_utilisation": b["utilisation"],
+                      "profile_runs_utilisation": [r["headline"]["utilisation"] for r in runs],
+                      "profile_step_ms": h["step_ms_mean"], "profile_step_ms_stats": u["step_ms"],
+                      "bench_step_ms_median": b["step_ms_median"], "bench_runs_ms": b.get("runs_ms"),
+                      "profile_busy_ms": h["kernel_busy_ms"], "bench_busy_ms": b["kernel_busy_ms"],
+                      "recorded_step_ms": u["step_ms_recorded"]["mean"], "utilisation_recorded": u["utilisation_recorded"],
+                      "overhead_frac": h["overhead_frac"], "verdict": h["verdict"]}))
+    assert u["basis"] == "kernel busy (recorded steps) / step time (unrecorded steps)" and u["timed_steps"] >= 5
+    assert abs(h["utilisation"] - b["utilisation"]) <= 0.03, (arm, h["utilisation"], b["utilisation"])
+    if arm == "float16+graph":
+        # Kernel time measured under the profiler still fits in the unprofiled step: its durations
+        # are not inflated (a graphed step is 0.8-0.9 busy, the check with the least room).
+        assert h["utilisation"] <= 1.02
+        assert p["overhead"]["graphed"] is True and p["capture"]["region"] == "network"
 
 
 def test_eager_window_records_the_region_and_the_host_ops(eager):

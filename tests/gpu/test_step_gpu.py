@@ -41,6 +41,37 @@ def test_steady_state_step_is_sync_free(amp_dtype):
     assert torch.isfinite(items).all()
 
 
+def test_interval_read_backs_within_an_epoch_do_not_sync():
+    """The loop's loss read-back is deferred on CUDA (engine/meter.py): steps, their items and the
+    interval reads before the epoch's last one run under sync debug mode "error"; the final read
+    then holds every step's items."""
+    from libreyolo.engine.meter import LossMeter
+
+    ctx, _ = _ctx()
+    batch = _batch()
+    meter = LossMeter(tuple(ctx.criterion.item_names), torch.device("cuda"))
+    assert meter.deferred and meter._host[0].is_pinned()
+    for _ in range(3):
+        train_step(ctx, batch, update=True)
+    torch.cuda.synchronize()
+    seen = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(12):
+            items = train_step(ctx, batch, update=True)
+            meter.add(items, images=8)
+            seen.append(items.clone())
+            if (step + 1) % 4 == 0 and step < 11:
+                meter.read(True, f"epoch 1, step {step + 1}", lambda: "")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    meter.read(True, "epoch 1, step 12", lambda: "", final=True)
+    finite = [x for x in seen if torch.isfinite(x).all()]
+    expected = torch.stack(finite).mean(0).tolist()
+    assert list(meter.epoch_means().values()) == pytest.approx(expected, rel=1e-5)
+    assert meter.last_log["img_s"] > 0 and meter.last_log["mem_gb"] > 0
+
+
 def test_float16_scaler_is_live_and_skips_an_overflow():
     ctx, model = _ctx(amp_dtype="float16")
     assert ctx.precision.scaler_enabled and ctx.precision.describe() == "float16 autocast, scaler on"

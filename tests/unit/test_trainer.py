@@ -39,6 +39,45 @@ def test_nonfinite_loss_stops_with_one_line_and_keeps_last_good(tmp_path, monkey
     assert ckpt["epoch"] == 0 and all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
 
 
+def _deferred_meter(monkeypatch):
+    """The CUDA read-back (deferred by one interval) on the CPU."""
+    from libreyolo.engine import meter
+
+    init = meter.LossMeter.__init__
+    monkeypatch.setattr(meter.LossMeter, "__init__", lambda self, names, device, deferred=None:
+                        init(self, names, device, deferred=True))
+
+
+def test_deferred_read_back_logs_the_same_losses(tmp_path, monkeypatch):
+    """Two epochs of 16 steps with log_interval 5 (reads at 5, 10, 15 and the final 16): the epoch
+    losses the deferred meter logs are the synchronous meter's."""
+    rows = {}
+    for mode in ("sync", "deferred"):
+        if mode == "deferred":
+            _deferred_meter(monkeypatch)
+        result = LibreYOLO("yolo9-t").train(epochs=2, project=str(tmp_path), name=mode, **{**TINY, "log_interval": 5})
+        with (result.run_dir / "results.csv").open() as f:
+            rows[mode] = [{k: v for k, v in r.items() if k.startswith("train/")} for r in csv.DictReader(f)]
+    assert len(rows["sync"]) == 2 and rows["deferred"] == rows["sync"]
+
+
+def test_deferred_read_back_names_the_interval_the_loss_went_bad_in(tmp_path, monkeypatch):
+    _deferred_meter(monkeypatch)
+    calls = {"n": 0}
+    original = YOLO9Loss.__call__
+
+    def poisoned(self, preds, targets):
+        loss, items = original(self, preds, targets)
+        calls["n"] += 1
+        return (loss * float("nan"), items * float("nan")) if calls["n"] == 23 else (loss, items)
+
+    monkeypatch.setattr(YOLO9Loss, "__call__", poisoned)
+    with pytest.raises(NonFiniteLossError) as err:  # caught at step 16's (final) read, named by its own
+        LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), **TINY)
+    assert str(err.value).startswith("non-finite loss at epoch 2, step 10 (1 of the last 10 steps)")
+    assert "(end of epoch 1)" in str(err.value) and calls["n"] == 32
+
+
 def test_results_csv_blank_metrics_on_epochs_without_validation(tmp_path):
     result = LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), eval_interval=2,
                                         **{**TINY, "val": True})

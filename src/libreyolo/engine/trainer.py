@@ -210,22 +210,23 @@ class Trainer:
             # img/s counts the global batch: every rank's images of this step.
             self.meter.add(items, self.train_loader.sampler.global_size(batch_index)
                            if self.world.active else batch.images.shape[0])
-            if (self.batch_index + 1) % self.cfg.log_interval == 0 or self.batch_index + 1 == n:
-                self._read_losses()
+            last = self.batch_index + 1 == n
+            if (self.batch_index + 1) % self.cfg.log_interval == 0 or last:
+                self._read_losses(final=last)
             self._call("after_step")
             if self.stop:  # a hook ended the run mid-epoch (`profile run` after its window)
-                if self.meter.interval_steps:
-                    self._read_losses()  # so the epoch line shows the steps that did run
+                self._read_losses(final=True)  # so the epoch line shows the steps that did run
                 break
-        # The last read-back synchronised with the device, so this is the epoch's real length.
+        # The final read-back synchronised with the device, so this is the epoch's real length.
         self.clock.add_epoch(time.perf_counter() - t_epoch)
 
-    def _read_losses(self) -> None:
-        # Under DDP the items are already the global batch's on every rank (GlobalLoss all-reduces
+    def _read_losses(self, final: bool = False) -> None:
+        # Within an epoch the read is deferred on CUDA (meter.py): the loop never waits on the
+        # device; `final` (the epoch's end) reads at once. Under DDP the items are already the global batch's on every rank (GlobalLoss all-reduces
         # them with the normaliser each step), so this read needs no collective, and every rank
         # reaches the same verdict on a non-finite loss.
         self.meter.read(self.precision.scaler_enabled, f"epoch {self.epoch + 1}, step {self.batch_index + 1}",
-                        self._last_good)
+                        self._last_good, final=final)
 
     def epoch_losses(self) -> dict[str, float]:
         """Mean loss items over this epoch's finite steps read back so far."""

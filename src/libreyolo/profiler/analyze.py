@@ -44,9 +44,10 @@ of its kind (a CUDA graph captured in all of them) falls back to the recorded st
    gaps mean the CPU did something else (Python logic, a CPU-side assigner, allocator work,
    waiting on a sync). `host-bound` when host syncs per step >= HOST_SYNCS_PER_STEP (1.0; the
    syncs a model makes by design, `model.host_syncs`, not counted) or long-gap idle exceeds
-   short-gap idle. The step is meant to be sync-free (the loop reads losses back once per
-   `log_interval`, 0.1 per step by default); a sync every step means the step waits on the GPU,
-   which also keeps CUDA graphs from capturing it. `launch-bound` otherwise.
+   short-gap idle. The step is meant to be sync-free (the loop's loss read-back once per
+   `log_interval` is deferred on CUDA: it waits for the device only at an epoch's end); a sync
+   every step means the step waits on the GPU, which also keeps CUDA graphs from capturing it.
+   `launch-bound` otherwise.
 
 On CPU there are no kernels: U = (W - data wait) / W, and the verdict is `compute-bound` when
 U >= COMPUTE_BOUND_UTIL, else `dataloader-bound` (waiting for data is the only idle a CPU step has).
