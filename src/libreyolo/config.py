@@ -40,7 +40,7 @@ class TrainConfig:
     seed: int = _key(0, "random seed for weights, augmentation and sampling", lo=0)
     deterministic: bool = _key(False, "use deterministic algorithms (slower)")
     patience: int = _key(100, "stop after this many epochs without fitness improvement (0 = never; fitness: 0.9 mAP50-95 + 0.1 mAP50, top-1, or mIoU)", lo=0)
-    log_interval: int = _key(10, "steps between loss read-backs from the device (on CUDA deferred by one interval, so the loop never waits; the epoch's last one waits)", lo=1)
+    log_interval: int = _key(10, "steps between loss read-backs from the device (on CUDA deferred by one interval, so the loop does not wait for the device; the epoch's last one does)", lo=1)
     # --- optimisation --------------------------------------------------------------------------
     optimizer: Literal["auto", "sgd", "adamw"] = _key("auto", "sgd (nesterov), adamw, or auto: AdamW with lr0 0.002*5/(4+classes), momentum 0.9 for runs of <= 10000 optimizer steps, else SGD", group="optim")
     lr0: float = _key(0.01, "initial learning rate", lo=0.0, group="optim")

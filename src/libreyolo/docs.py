@@ -30,7 +30,7 @@ Resolved once per run from `amp`, `amp_dtype` and the device; the run log states
 - float32/bfloat16 have no scaler to absorb a non-finite loss: the run stops with one line naming
   the epoch, the step and the last loss items. The loss is read back once per `log_interval`
   steps, so detection happens at that read (on CUDA one interval later, since the read within an
-  epoch is deferred so the loop never waits on the device; the message names the interval the
+  epoch is deferred so the loop does not wait for the device; the message names the interval the
   loss went bad in); `last.pt` is only ever written from a finite state at an epoch end, so it
   is the last good state.
 """

@@ -70,6 +70,21 @@ def test_non_finite_without_a_scaler_names_its_own_interval(deferred):
     assert str(err.value).endswith("resume from last.pt")
 
 
+def test_a_failed_read_leaves_nothing_pending_for_a_later_epoch():
+    """A non-finite interval raised while the next one was already on its way: that one is
+    dropped with the failed epoch, and a new epoch counts only its own steps."""
+    meter = LossMeter(("box",), CPU, deferred=True)
+    _feed(meter, [math.nan])
+    meter.read(False, "epoch 1, step 1", _never)
+    _feed(meter, [2.0])
+    with pytest.raises(NonFiniteLossError):
+        meter.read(False, "epoch 1, step 2", lambda: "")
+    meter.start_epoch()
+    _feed(meter, [1.0])
+    meter.read(False, "epoch 2, step 1", _never, final=True)
+    assert meter.epoch_means() == {"box": 1.0}
+
+
 def test_with_a_scaler_skipped_steps_are_left_out_of_the_mean():
     meter = LossMeter(("box",), CPU, deferred=True)
     _feed(meter, [2.0, math.inf, 4.0])

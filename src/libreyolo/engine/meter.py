@@ -5,10 +5,10 @@ that the loss scaler skipped (inf/NaN items) must neither poison the logged mean
 unnoticed: each step adds its items only when all are finite and counts the finite steps; the
 read-back decides what a non-finite step means (without a scaler, the run stops with one line).
 
-On CUDA the read-back within an epoch is deferred, so the loop never waits on the device: at an
-interval's end the sums are copied into pinned host memory behind the step's kernels (an event
-marks the copy) and the device sums start again; the copy is read at the next interval's end, by
-which time the device has long finished it. A synchronous read once per interval made the device
+On CUDA the read-back within an epoch is deferred, so the loop does not wait for the device to
+catch up: at an interval's end the sums are copied into pinned host memory behind the step's
+kernels (an event marks the copy) and the device sums start again; the copy is read at the next
+interval's end, when the device has normally finished it (the read waits at most for that copy). A synchronous read once per interval made the device
 idle while the host caught up: on the H200, a graphed YOLOv9-t batch-8 step took 27.5 ms at the
 read and 25.2 ms the step after, against 19.9 ms for the others. The epoch's last interval is
 read at once (`final`): the epoch's time and its losses are then complete. So the progress
@@ -39,7 +39,8 @@ class _Interval:
     where: str                       # epoch and step of the interval's end, for an error
     steps: int
     images: int
-    seconds: float                   # host time from the interval's start to its end
+    t0: float                        # host time (perf_counter) of the interval's start ...
+    t_end: float                     # ... and of its end, when the copy was queued
 
 
 class LossMeter:
@@ -58,6 +59,7 @@ class LossMeter:
 
     def start_epoch(self) -> None:
         self._epoch_sum, self._epoch_count = [0.0] * len(self.item_names), 0
+        self._pending = None  # an epoch ends on a final read; only a failed one can leave one here
         self._reset_interval()
 
     def _reset_interval(self) -> None:
@@ -74,18 +76,18 @@ class LossMeter:
 
     def read(self, scaler_enabled: bool, where: str, last_good: Callable[[], str], final: bool = False) -> None:
         """End the interval (`where`: its epoch and step) and read back the sums: at once when not
-        deferred or `final` (the sync), else the previous interval's, whose copy is done by now.
-        Non-finite steps without a loss scaler raise NonFiniteLossError naming the interval and
-        `last_good()` (what to resume from, asked only then: it waits for the checkpoint thread)."""
+        deferred or `final` (the sync), else only the previous interval's, whose copy is normally
+        done by now. Non-finite steps without a loss scaler raise NonFiniteLossError naming the
+        interval and `last_good()` (what to resume from, asked only then: it waits for the
+        checkpoint thread)."""
         current = self._copy_out(where) if self.interval_steps else None
-        ready = [self._pending] if self._pending is not None else []
-        if self.deferred and not final:
+        previous, self._pending = self._pending, None
+        if previous is not None:
+            self._settle(previous, scaler_enabled, last_good)
+        if current is not None and self.deferred and not final:
             self._pending = current
-        else:
-            self._pending = None
-            ready += [current] if current is not None else []
-        for interval in ready:
-            self._settle(interval, scaler_enabled, last_good)
+        elif current is not None:
+            self._settle(current, scaler_enabled, last_good, timed_at_sync=True)
 
     def _copy_out(self, where: str) -> _Interval:
         host = self._host[self._next_host]
@@ -97,14 +99,18 @@ class LossMeter:
             event.record()
         else:
             host.copy_(self._acc)
-        interval = _Interval(host, event, where, self.interval_steps, self._interval_images,
-                             max(time.perf_counter() - self._interval_t0, 1e-9))
+        interval = _Interval(host, event, where, self.interval_steps, self._interval_images, self._interval_t0,
+                             time.perf_counter())
         self._reset_interval()  # the zeroing is queued behind the copy on the same stream
         return interval
 
-    def _settle(self, interval: _Interval, scaler_enabled: bool, last_good: Callable[[], str]) -> None:
+    def _settle(self, interval: _Interval, scaler_enabled: bool, last_good: Callable[[], str],
+                timed_at_sync: bool = False) -> None:
+        """Count an interval's copied sums. `timed_at_sync`: read at once, so the interval ends when
+        the device has finished it (the host may have queued it well before)."""
         if interval.event is not None:
-            interval.event.synchronize()  # done already unless this is the final read
+            interval.event.synchronize()  # normally done already, unless this is a read at once
+        seconds = max((time.perf_counter() if timed_at_sync else interval.t_end) - interval.t0, 1e-9)
         *sums, finite = interval.host.tolist()
         bad = interval.steps - int(finite)
         if bad and not scaler_enabled:
@@ -113,7 +119,7 @@ class LossMeter:
                                      f"steps); epoch mean so far {means}; {last_good()}")
         self._epoch_sum = [a + b for a, b in zip(self._epoch_sum, sums)]
         self._epoch_count += int(finite)
-        self.last_log = {"img_s": interval.images / interval.seconds}
+        self.last_log = {"img_s": interval.images / seconds}
         if self.device.type == "cuda":
             self.last_log["mem_gb"] = torch.cuda.max_memory_reserved(self.device) / 2**30
 

@@ -221,10 +221,11 @@ class Trainer:
         self.clock.add_epoch(time.perf_counter() - t_epoch)
 
     def _read_losses(self, final: bool = False) -> None:
-        # Within an epoch the read is deferred on CUDA (meter.py): the loop never waits on the
-        # device; `final` (the epoch's end) reads at once. Under DDP the items are already the global batch's on every rank (GlobalLoss all-reduces
-        # them with the normaliser each step), so this read needs no collective, and every rank
-        # reaches the same verdict on a non-finite loss.
+        # Within an epoch the read is deferred on CUDA (meter.py): the loop does not wait for the
+        # device; `final` (the epoch's end) reads at once. Under DDP the items are already the
+        # global batch's on every rank (GlobalLoss all-reduces them with the normaliser each step),
+        # so this read needs no collective, and every rank reaches the same verdict on a
+        # non-finite loss.
         self.meter.read(self.precision.scaler_enabled, f"epoch {self.epoch + 1}, step {self.batch_index + 1}",
                         self._last_good, final=final)
 
