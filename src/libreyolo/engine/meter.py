@@ -8,12 +8,13 @@ read-back decides what a non-finite step means (without a scaler, the run stops 
 On CUDA the read-back within an epoch is deferred, so the loop does not wait for the device to
 catch up: at an interval's end the sums are copied into pinned host memory behind the step's
 kernels (an event marks the copy) and the device sums start again; the copy is read at the next
-interval's end, when the device has normally finished it (the read waits at most for that copy). A synchronous read once per interval made the device
-idle while the host caught up: on the H200, a graphed YOLOv9-t batch-8 step took 27.5 ms at the
-read and 25.2 ms the step after, against 19.9 ms for the others. The epoch's last interval is
-read at once (`final`): the epoch's time and its losses are then complete. So the progress
-figures trail by one interval, and a non-finite loss without a scaler is caught one interval
-later, still named by the interval it happened in.
+interval's end, when the device has normally finished it (the read waits at most for that
+copy). A synchronous read once per interval made the device idle while the host caught up: on
+the H200, a graphed YOLOv9-t batch-8 step took 27.5 ms at the read and 25.2 ms the step after,
+against 19.9 ms for the others. The epoch's last interval is read at once (`final`): the
+epoch's time and its losses are then complete. So the progress figures trail by one interval,
+and a non-finite loss without a scaler is caught one interval later, still named by the
+interval it happened in.
 """
 
 from __future__ import annotations

@@ -45,9 +45,9 @@ of its kind (a CUDA graph captured in all of them) falls back to the recorded st
    waiting on a sync). `host-bound` when host syncs per step >= HOST_SYNCS_PER_STEP (1.0; the
    syncs a model makes by design, `model.host_syncs`, not counted) or long-gap idle exceeds
    short-gap idle. The step is meant to be sync-free (the loop's loss read-back once per
-   `log_interval` is deferred on CUDA: it waits at most for the previous interval's copy, normally
-   long done, and for the device at an epoch's end); a sync every step means the step waits on the GPU, which also keeps CUDA graphs from capturing it.
-   `launch-bound` otherwise.
+   `log_interval` is deferred on CUDA: it waits at most for the previous interval's copy,
+   normally long done, and for the device at an epoch's end); a sync every step means the step
+   waits on the GPU, which also keeps CUDA graphs from capturing it. `launch-bound` otherwise.
 
 On CPU there are no kernels: U = (W - data wait) / W, and the verdict is `compute-bound` when
 U >= COMPUTE_BOUND_UTIL, else `dataloader-bound` (waiting for data is the only idle a CPU step has).
