@@ -172,8 +172,8 @@ def test_profile_and_bench_agree_on_utilisation(arm, request, bench, tmp_path):
     The graphed arm once missed by 3.3 points (0.843 against 0.876) while the loss read-back still
     synchronised: the read's step and the next took 27.5 and 25.2 ms against 19.9 (engine/meter.py)."""
     if arm == "float16":  # each arm builds only its own fixture, so one arm can run alone (-k)
-        runs = [request.getfixturevalue("eager")[1]] + [json.loads((_profile_run("eager", tmp_path / str(i)) / "profile.json").read_text())
-                             for i in range(2)]
+        more = [_profile_run("eager", tmp_path / str(i)) / "profile.json" for i in range(2)]
+        runs = [request.getfixturevalue("eager")[1]] + [json.loads(f.read_text()) for f in more]
         p = sorted(runs, key=lambda r: r["headline"]["utilisation"])[1]
     else:
         runs = [p := request.getfixturevalue("graphed")[1]]
@@ -183,7 +183,8 @@ def test_profile_and_bench_agree_on_utilisation(arm, request, bench, tmp_path):
                       "profile_step_ms": h["step_ms_mean"], "profile_step_ms_stats": u["step_ms"],
                       "bench_step_ms_median": b["step_ms_median"], "bench_runs_ms": b.get("runs_ms"),
                       "profile_busy_ms": h["kernel_busy_ms"], "bench_busy_ms": b["kernel_busy_ms"],
-                      "recorded_step_ms": u["step_ms_recorded"]["mean"], "utilisation_recorded": u["utilisation_recorded"],
+                      "recorded_step_ms": u["step_ms_recorded"]["mean"],
+                      "utilisation_recorded": u["utilisation_recorded"],
                       "overhead_frac": h["overhead_frac"], "verdict": h["verdict"]}))
     assert u["basis"] == "kernel busy (recorded steps) / step time (unrecorded steps)" and u["timed_steps"] >= 5
     assert abs(h["utilisation"] - b["utilisation"]) <= 0.03, (arm, h["utilisation"], b["utilisation"])
