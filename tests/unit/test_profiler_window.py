@@ -119,6 +119,30 @@ def test_profiling_does_not_change_training(profiled, tiny_data, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_window_steps_never_overlap_a_checkpoint_write(tiny_data, tmp_path, one_thread):
+    """The checkpoint thread writes while later steps run, except inside the profiler's window:
+    there each epoch's writes finish at the epoch end, so they cannot read as the steps' time."""
+    from libreyolo.engine.hooks import Hook
+
+    class Watch(Hook):
+        def __init__(self):
+            self.seen = []
+
+        def before_step(self, trainer):
+            profiler = next((h for h in trainer.hooks if isinstance(h, ProfilerHook)), None)
+            self.seen.append((trainer.iteration, profiler.state if profiler else "gone",
+                              bool(trainer.checkpoints._pending)))
+
+    watch = Watch()
+    hooks = [*profiler_hooks(types.SimpleNamespace(profile=True, profile_skip=1, profile_steps=4)), watch]
+    LibreYOLO("yolo9-t").train(data=tiny_data, project=str(tmp_path), epochs=6, hooks=hooks,
+                               **{**FAST, "imgsz": 128})
+    window = [pending for it, state, pending in watch.seen if state in ("timed", "first", "second")]
+    after = [pending for it, state, pending in watch.seen if state == "gone" and it % 2 == 0]  # epochs' first steps
+    assert len(window) == 6 and not any(window)
+    assert after and any(after)  # outside the window the writes still run beside the steps
+
+
 def test_planted_faults_show_up(tmp_path, monkeypatch, one_thread):
     """A slow dataset makes the run dataloader-bound; an `.item()` in the loss is one sync per step."""
     from libreyolo.data.dataset import TrainDataset
