@@ -6,7 +6,8 @@ images, or a list of those, relative to `path`) and `names` (a list, or a dict {
 
 Relative roots: a user yaml's relative `path` resolves against the yaml's folder; a packaged
 yaml's relative `path` resolves against `$LIBREYOLO_CACHE/datasets` (the package folder is no
-place for data). Packaged yamls may say `builtin: shapes` / `shapes-cls` / `shapes-seg` (generated on
+place for data). Packaged yamls may say `builtin: shapes` / `shapes-cls` / `shapes-seg` or a data regime of
+`regimes.py` (`shapes-dense`, ...) (generated on
 first use) or `download: FILE.zip` + `sha256:` (fetched on first use, see download.py). `task:
 classify` marks a classification dataset (class folders, see classify.py), `task: segment` a
 segmentation one (images + masks, see segment.py); absent means detect.
@@ -188,7 +189,12 @@ def _materialise(raw: dict, root: Path, name: str) -> None:
 
             ensure_shapes_seg(root)
         else:
-            raise DataError(f"dataset {name}: unknown builtin '{builtin}' (known: shapes, shapes-cls, shapes-seg)")
+            from .regimes import REGIMES, ensure_regime
+
+            if builtin not in REGIMES:
+                known = ", ".join(["shapes", "shapes-cls", "shapes-seg", *REGIMES])
+                raise DataError(f"dataset {name}: unknown builtin '{builtin}' (known: {known})")
+            ensure_regime(root, builtin)
         return
     sha = raw.get("sha256")
     if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha)):
