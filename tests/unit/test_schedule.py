@@ -30,7 +30,7 @@ def lrs(opt):
 
 def test_warmup_endpoints_and_bias_group():
     opt, sched = make(cfg())
-    assert sched.warmup_batches == 150  # 3 epochs x 50 batches, above the 100-batch floor
+    assert sched.warmup_batches == 150  # 3 epochs x 50 batches
     sched.step(0)
     assert lrs(opt) == {"weights": 0.0, "norm": 0.0, "bias": pytest.approx(0.1)}
     assert opt.param_groups[0]["momentum"] == pytest.approx(0.8)
@@ -44,11 +44,13 @@ def test_warmup_endpoints_and_bias_group():
     assert opt.param_groups[1]["momentum"] == pytest.approx(0.937)
 
 
-def test_warmup_floor_cap_and_no_warmup():
-    _, sched = make(cfg(warmup_epochs=1.0, epochs=20), steps_per_epoch=10)
-    assert sched.warmup_batches == 100  # 10 batches, raised to the 100-batch floor
-    _, sched = make(cfg(warmup_epochs=1.0), steps_per_epoch=10)
-    assert sched.warmup_batches == 90  # the floor, cut at the start of the last of 10 epochs
+def test_warmup_counts_epochs_cap_and_no_warmup():
+    _, sched = make(cfg(warmup_epochs=3.0, epochs=100), steps_per_epoch=3)
+    assert sched.warmup_batches == 9  # 3 epochs of 3 batches: no floor of batches
+    _, sched = make(cfg(warmup_epochs=0.1, epochs=20), steps_per_epoch=3)
+    assert sched.warmup_batches == 1  # a fraction of an epoch rounds to at least one batch
+    _, sched = make(cfg(warmup_epochs=12.0), steps_per_epoch=10)
+    assert sched.warmup_batches == 90  # cut at the start of the last of 10 epochs
     _, sched = make(cfg(epochs=1))
     assert sched.warmup_batches == 0  # a one-epoch run never warms up
     opt, sched = make(cfg(warmup_epochs=0))

@@ -13,10 +13,13 @@ holds no state that matters beyond the configuration. All values are host-side P
   begin: the last epoch still trains at lr0 * f((E - 1) / E), as the YOLOv5-8 trainers do. (Ending
   *at* lrf wasted a short run's last epoch: a 5-epoch run's last epoch trained at 0.01 lr0, and
   its mean LR was 16 % lower; docs/training-performance.md has the measured effect.)
-- Warmup, over the first `max(round(warmup_epochs * steps_per_epoch), 100)` batches (or exactly
-  `warmup_iters` batches when that is > 0: recipes that count iterations), but never
+- Warmup, over the first `round(warmup_epochs * steps_per_epoch)` batches (at least one), or
+  exactly `warmup_iters` batches when that is > 0 (recipes that count iterations), but never
   past the start of the last epoch (none when `warmup_epochs == 0` and `warmup_iters == 0`, or in a
-  one-epoch run): the
+  one-epoch run). Warmup counts epochs, not a floor of batches: a floor of 100 batches (the
+  YOLOv5-8 trainers' before Ultralytics 8.4) warmed a 48-image run of batch 16 (3 batches an
+  epoch) up for a third of its 100 epochs, at a fraction of the LR and with small accumulations
+  (benchmarks/trajectory.py shows both rules, iteration by iteration). The
   "bias" group's LR goes linearly from `warmup_bias_lr` to the target, the other groups' from 0
   to the target; SGD momentum from `warmup_momentum` to `momentum` (AdamW's beta1 stays at
   `momentum`: it is an averaging constant, not a step size); the batches accumulated per
@@ -33,7 +36,6 @@ import torch
 from libreyolo.errors import ConfigError
 
 SCHEDULES = ("cosine", "linear", "step", "flat_cosine", "poly")
-MIN_WARMUP_BATCHES = 100  # a short run still gets a usable warmup
 
 
 def _interp(x: float, length: int, start: float, end: float) -> float:
@@ -69,7 +71,7 @@ class LRSchedule:
         self.momentum, self.warmup_momentum = float(cfg.momentum), float(cfg.warmup_momentum)
         self.warmup_bias_lr = float(cfg.warmup_bias_lr)
         iters = int(getattr(cfg, "warmup_iters", 0))
-        warm = iters or max(round(cfg.warmup_epochs * self.steps_per_epoch), MIN_WARMUP_BATCHES)
+        warm = iters or max(round(cfg.warmup_epochs * self.steps_per_epoch), 1)
         last_epoch_start = (self.epochs - 1) * self.steps_per_epoch
         self.warmup_batches = min(warm, last_epoch_start) if iters or cfg.warmup_epochs > 0 else 0
         self.is_bias = [g.get("name", "").endswith("bias") for g in optimizer.param_groups]
@@ -112,6 +114,14 @@ class LRSchedule:
         if i >= self.warmup_batches:
             return self.accumulate
         return max(1, round(_interp(i, self.warmup_batches, 1.0, self.accumulate)))
+
+    def steps_optimizer(self, epoch: int, batch_index: int, accumulated: int) -> bool:
+        """Whether the batch that brings the accumulation to `accumulated` batches steps the
+        optimizer: once `accumulate_at` batches have contributed, and at every epoch's end, so an
+        epoch ends on a clean update and a resume from last.pt is exact. (Ultralytics carries an
+        accumulation across epoch ends instead: with fewer batches an epoch than one accumulation,
+        40 epochs of one batch gave it 5 optimizer steps and us 40; benchmarks/trajectory.py.)"""
+        return accumulated >= self.accumulate_at(epoch, batch_index) or batch_index + 1 == self.steps_per_epoch
 
     def step(self, iteration: int) -> None:
         """Write the LRs and momentum of global batch `iteration` into the optimizer."""

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from .device import device_name, out_of_memory_as_error
 from .hooks import Hook
 from .meter import LossMeter
 from .optim import accumulate_steps, resolve_auto
+from .recipe import resolve_recipe
 from .schedule import LRSchedule
 from .state import restore_training_state, training_state
 from .step import train_step
@@ -58,7 +59,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, family: FamilySpec, size: str, model: nn.Module,
                  data_cfg, run_dir: Path | None, device: torch.device, *, task: TaskSpec,
-                 hooks: list[Hook], resume: dict | None = None):
+                 hooks: list[Hook], resume: dict | None = None, explicit: Collection[str] | None = None):
         self.clock = RunClock()
         self.cfg, self.family, self.size, self.data_cfg, self.task = cfg, family, size, data_cfg, task
         self.run_dir, self.device = run_dir, device
@@ -83,10 +84,17 @@ class Trainer:
                 log.info(f"the last {tail} image(s) of each epoch's order are left out: fewer than one per process")
         self.steps_per_epoch = len(self.train_loader)
         updates = cfg.epochs * math.ceil(self.steps_per_epoch / accumulate_steps(cfg.batch, cfg.nbs))
-        cfg, message = resolve_auto(cfg, len(data_cfg.names), updates)
+        # The default policies, now that the run's length is known: the recipe (the family's
+        # published one or the generic), then the optimizer (which the recipe may leave `auto`).
+        resolved, message = resolve_recipe(cfg, family, size, explicit, updates)
         if message:
             log.info(message)
-        self.cfg = cfg  # checkpoints hold the resolved optimizer: a resume trains on with it
+        if resolved != cfg:
+            self.train_loader.reconfigure(resolved)
+        cfg, message = resolve_auto(resolved, len(data_cfg.names), updates, explicit)
+        if message:
+            log.info(message)
+        self.cfg = cfg  # checkpoints hold the resolved recipe and optimizer: a resume trains on with them
         autotune, message = cudnn_autotune(cfg, self.steps_per_epoch, len(self.train_loader.sampler.sizes))
         set_cudnn_autotune(cfg, autotune)
         if message and device.type == "cuda":
@@ -200,11 +208,8 @@ class Trainer:
             self.iteration = self.epoch * n + self.batch_index
             self.schedule.step(self.iteration)
             self._call("before_step")
-            # Step the optimizer once `accumulate` batches have contributed (ramping up from 1
-            # during warmup) and at the end of each epoch, so an epoch always ends on a clean
-            # update and resume from last.pt is exact.
             since_update += 1
-            update = since_update >= self.schedule.accumulate_at(self.epoch, self.batch_index) or self.batch_index + 1 == n
+            update = self.schedule.steps_optimizer(self.epoch, self.batch_index, since_update)
             since_update = 0 if update else since_update
             items = train_step(self.ctx, batch, update)
             # img/s counts the global batch: every rank's images of this step.
