@@ -42,6 +42,7 @@ class TrainConfig:
     patience: int = _key(100, "stop after this many epochs without fitness improvement (0 = never; fitness: 0.9 mAP50-95 + 0.1 mAP50, top-1, or mIoU)", lo=0)
     log_interval: int = _key(10, "steps between loss read-backs from the device (on CUDA deferred by one interval, so the loop does not wait for the device; the epoch's last one does)", lo=1)
     # --- optimisation --------------------------------------------------------------------------
+    recipe: Literal["auto", "published", "generic"] = _key("auto", "the family's published recipe for its long-run keys (scale jitter, mixup, a COCO optimizer: `libreyolo cfg MODEL` marks them) or the generic defaults: auto picks the published one for runs of > 10000 optimizer steps, the generic for shorter ones; keys you give are kept either way", group="optim")
     optimizer: Literal["auto", "sgd", "adamw"] = _key("auto", "sgd (nesterov), adamw, or auto: AdamW with lr0 0.002*5/(4+classes), momentum 0.9 for runs of <= 10000 optimizer steps, else SGD", group="optim")
     lr0: float = _key(0.01, "initial learning rate", lo=0.0, group="optim")
     lrf: float = _key(0.01, "final learning rate as a fraction of lr0", lo=0.0, hi=1.0, group="optim")

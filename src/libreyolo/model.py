@@ -157,7 +157,7 @@ class LibreYOLO:
             # inputs runs before the run directory exists, so a command that fails on them writes
             # nothing.
             trainer = Trainer(cfg, self.source.spec, self.source.size, model, data_cfg, None, device, task=task,
-                              hooks=run_hooks(cfg, hooks))
+                              hooks=run_hooks(cfg, hooks), explicit=frozenset(user))
             check_batch(cfg.batch, trainer.train_loader.num_images, data_cfg.name)
             if cfg.nbs < cfg.batch:
                 log.info(f"nbs={cfg.nbs} is below batch={cfg.batch}: no gradient accumulation (one optimizer "

@@ -252,3 +252,29 @@ def test_resume_of_a_checkpoint_with_the_best_epoch_at_the_top_level_keeps_it(tm
 
     LibreYOLO("yolo9-t").train(resume=str(old), hooks=[Probe()])
     assert seen == [{"best_fitness": 0.5, "best_epoch": 0}]
+
+
+def test_recipe_auto_trains_a_short_run_with_the_generic_augmentation(tmp_path, caplog):
+    """The trainer resolves recipe=auto once the run's length is known, the loader augments with
+    the result, and the checkpoint holds it (so a resume does not choose again)."""
+    import logging
+
+    from testkit import shapes_subset
+
+    from libreyolo.engine.hooks import Hook
+
+    seen = {}
+
+    class Look(Hook):
+        def before_train(self, trainer) -> None:
+            seen.update(hyp=dict(trainer.train_loader.dataset.hyp), mixup=trainer.train_loader.sampler.mixup)
+
+    data = shapes_subset(tmp_path, 8)
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        result = LibreYOLO("yolo9-t").train(epochs=1, project=str(tmp_path), hooks=[Look()],
+                                            **{**TINY, "data": data, "degrees": 3.0})
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("recipe=auto")]
+    assert len(lines) == 1 and "scale=0.5 mixup=0.0 no_aug_epochs=10 instead of YOLOv9's published" in lines[0]
+    assert seen["hyp"]["scale"] == 0.5 and seen["hyp"]["degrees"] == 3.0 and seen["mixup"] == 0.0
+    saved = torch.load(result.last, weights_only=False)["config"]
+    assert (saved["recipe"], saved["scale"], saved["optimizer"]) == ("generic", 0.5, "adamw")

@@ -303,7 +303,8 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
 
     With a model, the defaults are the ones that model trains with, and a `source` column says
     where each comes from: base, the family's published recipe (e.g. yolox) or its size's (e.g.
-    yolox-t)."""
+    yolox-t); "long runs" marks a published value that recipe=auto uses only in runs of over
+    10,000 optimizer steps."""
     from ..config import config_table
 
     sources = None
@@ -313,7 +314,9 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
         from ..model import arch_of
 
         spec, size = arch_of(model.removeprefix("model="))
-        sources = spec.default_sources(size)
+        # A long-run key is the family's only in runs recipe=auto finds long (engine/recipe.py).
+        sources = {k: (v, f"{where}, long runs" if k in spec.long_run else where)
+                   for k, (v, where) in spec.default_sources(size).items()}
     rows = config_table(sources)
     if as_json:
         typer.echo(json.dumps(rows, indent=1))

@@ -21,7 +21,7 @@ import torch
 from torchvision.transforms.v2 import functional as TF
 
 from ..families.base import Targets
-from .dataset import SampleKey, TrainDataset, ValDataset
+from .dataset import AUG_KEYS, SampleKey, TrainDataset, ValDataset
 from .dataset_yaml import DataConfig
 from .labels import scan_split
 
@@ -217,6 +217,14 @@ class TrainLoader(EpochLoader):
         self.loader = _dataloader(dataset, cfg, int(cfg.seed) + int(rank), batch_sampler=self.sampler,
                                   collate_fn=collate_train)
         self._fresh = self._closed = False
+        self.set_epoch(0)
+
+    def reconfigure(self, cfg) -> None:
+        """Augment as `cfg` says from now on (recipe=auto chose after the scan counted the steps).
+        Before the first epoch only: the workers copy the dataset when they start."""
+        self.cfg = cfg
+        self.dataset.hyp = {k: float(getattr(cfg, k)) for k in AUG_KEYS}
+        self._closed = False
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -35,12 +36,14 @@ AUTO_MAX_ADAMW_STEPS = 10_000
 _NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 
 
-def resolve_auto(cfg: Any, num_classes: int, optimizer_steps: int) -> tuple[Any, str | None]:
+def resolve_auto(cfg: Any, num_classes: int, optimizer_steps: int,
+                 explicit: Collection[str] = ()) -> tuple[Any, str | None]:
     """`optimizer=auto` made concrete for this run: (cfg with optimizer/lr0/momentum set, log line).
 
     Short runs (fine-tunes) get AdamW with lr0 = 0.002 * 5 / (4 + num_classes) (rounded to 6
     decimals), beta1 0.9 and no bias warmup LR; long ones SGD with the configured lr0 and
-    momentum. Any other optimizer passes through unchanged (line None).
+    momentum. A value the user gave (`explicit`) that AdamW's replaces is named in the line, with
+    how to keep it. Any other optimizer passes through unchanged (line None).
     """
     if str(cfg.optimizer).lower() != "auto":
         return cfg, None
@@ -49,9 +52,13 @@ def resolve_auto(cfg: Any, num_classes: int, optimizer_steps: int) -> tuple[Any,
             f"optimizer=auto: SGD lr0={cfg.lr0:g} momentum={cfg.momentum:g} ({optimizer_steps} optimizer "
             f"steps > {AUTO_MAX_ADAMW_STEPS}; optimizer=sgd|adamw chooses yourself)")
     lr0 = round(0.002 * 5 / (4 + num_classes), 6)
-    return dataclasses.replace(cfg, optimizer="adamw", lr0=lr0, momentum=0.9, warmup_bias_lr=0.0), (
-        f"optimizer=auto: AdamW lr0={lr0:g} momentum=0.9 warmup_bias_lr=0 ({optimizer_steps} optimizer "
-        f"steps <= {AUTO_MAX_ADAMW_STEPS}, {num_classes} classes; optimizer=sgd|adamw chooses yourself)")
+    chosen = {"lr0": lr0, "momentum": 0.9, "warmup_bias_lr": 0.0}
+    replaced = [f"{k}={getattr(cfg, k):g}" for k, v in chosen.items() if k in explicit and getattr(cfg, k) != v]
+    line = (f"optimizer=auto: AdamW lr0={lr0:g} momentum=0.9 warmup_bias_lr=0 ({optimizer_steps} optimizer "
+            f"steps <= {AUTO_MAX_ADAMW_STEPS}, {num_classes} classes; optimizer=sgd|adamw chooses yourself)")
+    if replaced:
+        line += f"; replaced your {' '.join(replaced)} (optimizer=adamw keeps them)"
+    return dataclasses.replace(cfg, optimizer="adamw", **chosen), line
 
 
 def accumulate_steps(batch: int, nbs: int) -> int:

@@ -87,6 +87,10 @@ class FamilySpec:
     joiner: str = "-"                           # between name and size in the arch name: yolo9-t, resnet18
     # Where a size's published recipe differs from the family's: {"t": {"mixup": 0.0}}.
     size_defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Keys of the recipe (defaults, size_defaults, an inherited family's) tuned for a long COCO
+    # schedule: under `recipe=auto` they apply only to runs of over 10,000 optimizer steps, and a
+    # shorter run (a fine-tune) trains with their generic defaults (engine/recipe.py).
+    long_run: tuple[str, ...] = ()
     # Another family whose recipe this one starts from (RT-DETRv4 trains DEIM's): its family
     # defaults come first, then this family's own, then the size's. The parent's size_defaults are
     # not inherited (sizes are this family's). A registry name, resolved when asked.

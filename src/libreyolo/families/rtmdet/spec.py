@@ -36,6 +36,10 @@ SPEC = FamilySpec(
     # rtmdet_s/_tiny configs: scale jitter 0.5-2.0 (our 0.5 keeps its lower bound: 0.5-1.5);
     # tiny also mixes up only half of the images (prob 0.5).
     size_defaults={"t": {"mixup": 0.5, "scale": 0.5}, "s": {"scale": 0.5}},
+    # The optimizer and the augmentation are its 300-epoch COCO schedule's; the loss gains and
+    # synchronised BatchNorm stay in every run (recipe=auto).
+    long_run=("optimizer", "lr0", "lrf", "lr_schedule", "momentum", "weight_decay", "warmup_bias_lr",
+              "warmup_momentum", "clip_grad", "no_aug_epochs", "mixup", "scale"),
     # The whole network is static-shape and sync-free; loss and assigner stay eager.
     capture=CapturePlan("network", note=(
         "the whole network, head convs shared across levels included; the "

@@ -22,6 +22,8 @@ SPEC = FamilySpec(
     # of over 10,000 optimizer steps (a COCO schedule); shorter runs (fine-tunes) get AdamW, which
     # learned more per epoch there (docs/training-performance.md). `optimizer=sgd` names it.
     defaults={"scale": 0.9, "mixup": 0.15, "no_aug_epochs": 15},
+    # All three are tuned for 500 COCO epochs: a short run gets the generic values (recipe=auto).
+    long_run=("scale", "mixup", "no_aug_epochs"),
     # The whole network is static-shape and sync-free; loss and assigner stay eager.
     capture=CapturePlan("network", note="the whole network; the TAL assigner and loss stay eager"),
 )

@@ -38,6 +38,10 @@ SPEC = FamilySpec(
     # exps/default/yolox_tiny.py and yolox_nano.py: no mixup, mosaic scale 0.5-1.5; nano also
     # mosaics only half of the images (mosaic_prob 0.5).
     size_defaults={"n": {"mixup": 0.0, "scale": 0.5, "mosaic": 0.5}, "t": {"mixup": 0.0, "scale": 0.5}},
+    # The optimizer and the augmentation are its 300-epoch COCO schedule's; the loss gains are the
+    # head's own and stay in every run (recipe=auto).
+    long_run=("optimizer", "momentum", "warmup_momentum", "clip_grad", "warmup_epochs", "warmup_bias_lr",
+              "lr_schedule", "lrf", "mixup", "scale", "degrees", "shear", "no_aug_epochs", "mosaic"),
     # The whole network is static-shape and sync-free; SimOTA and the loss stay eager.
     capture=CapturePlan("network", note=(
         "the whole network; SimOTA and the loss stay eager; the L1 branch at "
