@@ -67,6 +67,11 @@
 #                    generated set at 640, batch 8, workers 8: ARMS comma-separated (ours-graph,
 #                    ours-eager, ours-sgd-graph, peer-default, peer-sgd), SEEDS comma-separated;
 #                    TTA_EXTRA="key=value ..." goes to our arms; results tta_E_<ARMS>.json/.md
+#   parity:ARMS:SEEDS:LANES  accuracy at the defaults on the five generated data regimes, ours against
+#                    the peer, each given only what a user types (benchmarks/parity.py): ARMS comma-
+#                    separated (ours, peer, ours@yolox-t, ours+recipe=published, ...), SEEDS comma-separated,
+#                    LANES runs side by side on the one GPU, each pinned to its share of the cores;
+#                    PARITY_REGIMES=a,b picks regimes; results parity_<ARMS>.json/.md and the run logs
 #   ddp              multi-GPU scaling (needs 2 GPUs; run it alone, not in a lane): YOLOv9-t at 640,
 #                    float16, batch 16 per GPU on the 800/100 generated set, 1 GPU (device=0) against
 #                    2 (batch=32 device=0,1, DDP under the elastic launcher), DDP_EPOCHS epochs
@@ -276,6 +281,14 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
       cat "$out/$tag.md"
       # nullglob: a peer-only run has no timings.json, and tar exits 2 on a pattern that matched nothing
       (cd /tmp/tta && shopt -s nullglob && tar czf "$out/${tag}_logs.tgz" *.log */timings.json */results.csv) ;;
+    parity:*:*:*)
+      IFS=: read -r _ arms seeds lanes <<< "$1"
+      tag=parity_$(printf %s "$arms" | tr -c 'A-Za-z0-9' '-')
+      YOLO_CONFIG_DIR=/tmp/peer-cfg python3 benchmarks/parity.py --arms "$arms" --seeds ${seeds//,/ } \
+        --lanes "$lanes" --work /tmp/parity --peer-python /tmp/peer-python --out "$out/$tag.json" \
+        ${PARITY_REGIMES:+--regimes "$PARITY_REGIMES"} > "$out/$tag.md" 2> "$out/$tag.err"
+      cat "$out/$tag.md"
+      (cd /tmp/parity && tar czf "$out/${tag}_logs.tgz" logs) ;;
     ddp)
       n=$(python3 -c "import torch; print(torch.cuda.device_count())")
       if [ "$n" -lt 2 ]; then echo "SKIPPED ddp: $n GPU(s) visible, it needs 2" | tee -a "$out/skipped.txt"; return 0; fi

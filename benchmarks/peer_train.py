@@ -8,7 +8,11 @@ prints ONE JSON line: the timings and the predictions as (file stem, class, scor
 the caller scores them with the same evaluator as ours.
 
     python benchmarks/peer_train.py --data DATA.yaml --epochs 5 --batch 8 --imgsz 640 --workers 8 \
-        --seed 0 --optimizer auto|SGD --project DIR --name NAME [--extra key=value ...]
+        --seed 0 --optimizer auto|SGD --project DIR --name NAME [--extra key=value ...] [--defaults]
+
+`--defaults` gives the peer only what a user types (data, epochs, batch, imgsz, workers, seed, the
+run's place and device, and any --extra): no pinned nbs, augmentation or validation settings. Its
+output then adds the per-epoch val mAP50-95 curve of its results.csv (parity.py).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def main() -> int:
     p.add_argument("--name", required=True)
     p.add_argument("--device", default="0")
     p.add_argument("--extra", nargs="*", default=[], help="more train keys as key=value (numbers parsed)")
+    p.add_argument("--defaults", action="store_true", help="only what a user types: no pinned settings")
     args = p.parse_args()
     try:
         from ultralytics import YOLO
@@ -59,13 +64,15 @@ def main() -> int:
     for kv in args.extra:
         key, value = kv.split("=", 1)
         extra[key] = _number(value)
-    train_kw = dict(data=args.data, epochs=args.epochs, batch=args.batch, nbs=args.batch,
-                    imgsz=args.imgsz, workers=args.workers, seed=args.seed, optimizer=args.optimizer,
-                    mosaic=1.0, mixup=0.0, scale=0.5, close_mosaic=0, val=False, amp=True,
-                    project=args.project, name=args.name, exist_ok=True, device=args.device, **extra)
+    typed = dict(data=args.data, epochs=args.epochs, batch=args.batch, imgsz=args.imgsz, workers=args.workers,
+                 seed=args.seed, project=args.project, name=args.name, exist_ok=True, device=args.device)
+    pinned = dict(nbs=args.batch, optimizer=args.optimizer, mosaic=1.0, mixup=0.0, scale=0.5, close_mosaic=0,
+                  val=False, amp=True)
+    train_kw = {**typed, **({} if args.defaults else pinned), **extra}
     t0 = time.perf_counter()
     model.train(**train_kw)
     train_s = time.perf_counter() - t0
+    train_end = time.time()
     best = Path(args.project) / args.name / "weights" / "best.pt"
 
     # The peer's own validator writes its predictions; not part of the timed run.
@@ -90,11 +97,24 @@ def main() -> int:
             # every validation the training ran (the last epoch's, and the final one of best.pt)
             "validations_s": [round(v, 4) for v in vals],
             "train_s": round(train_s, 4),
+            "train_end_unix": round(train_end, 3),
         },
+        "curve": _curve(Path(args.project) / args.name / "results.csv"),
         "peer_map50_95": float(metrics.box.map), "peer_map50": float(metrics.box.map50),
         "predictions": rows,
     }))
     return 0
+
+
+def _curve(path: Path) -> list[float]:
+    """The val mAP50-95 of every epoch, from the peer's results.csv (blank when it did not validate)."""
+    import csv
+
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        rows = [{k.strip(): v for k, v in row.items()} for row in csv.DictReader(f)]
+    return [float(r["metrics/mAP50-95(B)"]) for r in rows if r.get("metrics/mAP50-95(B)", "").strip()]
 
 
 def _number(text: str):
