@@ -26,11 +26,11 @@ cpus() {  # cpus HALF(0|1) -> comma list of logical CPUs
 pin() { local list; list=$(cpus "$1"); if [ -n "$list" ] && command -v taskset >/dev/null; then echo "taskset -c $list"; fi; }
 pids=()
 if [ -n "${LANE_A:-}" ]; then
-  (CUDA_VISIBLE_DEVICES=0 $(pin 0) bash benchmarks/gpu_session.sh $LANE_A > "$OUT/laneA.txt" 2>&1) & pids+=($!)
+  (CUDA_VISIBLE_DEVICES=0 $(pin 0) bash benchmarks/gpu_stages.sh $LANE_A > "$OUT/laneA.txt" 2>&1) & pids+=($!)
 fi
 if [ -n "${LANE_B:-}" ]; then
   gpu=1; [ -z "${LANE_A:-}" ] && gpu=0
-  (CUDA_VISIBLE_DEVICES=$gpu $(pin 1) bash benchmarks/gpu_session.sh $LANE_B > "$OUT/laneB.txt" 2>&1) & pids+=($!)
+  (CUDA_VISIBLE_DEVICES=$gpu $(pin 1) bash benchmarks/gpu_stages.sh $LANE_B > "$OUT/laneB.txt" 2>&1) & pids+=($!)
 fi
 wait "${pids[@]}"
 cd "$OUT" && tar czf "$out_final/small.tgz" --exclude='*.html' --exclude='*trace*' . \

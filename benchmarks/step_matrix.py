@@ -38,7 +38,7 @@ def main() -> None:
             got = bench_step(user, args.arms.split(","), steps=args.steps, warmup=args.warmup, repeat=args.repeat)
             records += got
             print("\n".join(arm_table(got).splitlines()[2:]), file=sys.stderr, flush=True)  # progress
-            if args.out:  # after every (model, batch): a time-boxed session keeps what finished
+            if args.out:  # after every (model, batch): a time-boxed device call keeps what finished
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(records, indent=1))
     print(arm_table(records))

@@ -13,7 +13,7 @@ Per (model, batch), float16 at 640 on the built-in shapes set:
    median of --bench-steps steps after --bench-warmup (the capture is the third).
 error = (predicted - measured) / measured. Each case's profile.json is copied to the output's
 folder (profiles/<model>_b<batch>.json), so a case can be read again (`profile what-if` on it) or
-kept as a fixture. The JSON is rewritten after every case: a time-boxed session keeps what finished.
+kept as a fixture. The JSON is rewritten after every case: a time-boxed device call keeps what finished.
 """
 
 from __future__ import annotations

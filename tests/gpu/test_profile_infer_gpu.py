@@ -47,7 +47,7 @@ def _phases(p: dict) -> dict:
 
 def test_eager_batch_1_is_launch_bound(project):
     p = _profile_infer("eager", project)
-    print(json.dumps(p["headline"], indent=1), json.dumps(p["verdict"], indent=1))  # for the session log
+    print(json.dumps(p["headline"], indent=1), json.dumps(p["verdict"], indent=1))  # for the results log
     assert p["run"]["mode"] == "infer" and p["run"]["device_name"].startswith("NVIDIA")
     assert p["headline"]["precision"] == "float16 weights" and p["run"]["cuda_graph"]["enabled"] is False
     assert p["verdict"]["name"] == "launch-bound", p["verdict"]

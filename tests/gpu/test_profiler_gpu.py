@@ -87,7 +87,7 @@ def _step_spans(trace):
 def test_eager_float16_verdict_and_figures(eager):
     run, p, trace = eager
     h, u = p["headline"], p["utilisation"]
-    print(json.dumps(h, indent=1), json.dumps(p["verdict"], indent=1))  # the figures, for the session log
+    print(json.dumps(h, indent=1), json.dumps(p["verdict"], indent=1))  # the figures, for the results log
     assert h["verdict"] in VERDICTS and p["verdict"]["reason"] and p["verdict"]["lever"]
     assert h["precision"] == "float16 autocast, scaler on" and p["run"]["device_name"].startswith("NVIDIA")
     assert 0 < h["utilisation"] <= 1.05 and 0 < h["kernel_busy_ms"] <= h["step_ms_mean"] * 1.05

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU verification and benchmark runs, in stages that fit device calls of under 10 minutes.
 #
-#   bash benchmarks/gpu_session.sh STAGE [STAGE ...]     (results go to $OUT, else ./gpu-results)
+#   bash benchmarks/gpu_stages.sh STAGE [STAGE ...]     (results go to $OUT, else ./gpu-results)
 #
 # Stages run in order on the GPU(s) CUDA_VISIBLE_DEVICES names. With DEADLINE=<epoch seconds>
 # set, each stage is cut off (timeout) at the deadline and later stages are skipped, so a
