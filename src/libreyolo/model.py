@@ -30,7 +30,8 @@ log = logging.getLogger("libreyolo")
 DEFAULT_WEIGHTS_URL = "https://github.com/libreyolo/libreyolo/releases/download/weights-v1"
 # Keys that may change when resuming; every other key comes from the checkpoint's config.
 # A run may resume on another number of devices (checkpoints hold the plain module).
-RESUME_KEYS = {"resume", "device", "workers", "cache", "exist_ok", "log_interval", "sync_bn", "ddp_timeout"}
+RESUME_KEYS = {"resume", "device", "workers", "cache", "exist_ok", "log_interval", "sync_bn", "ddp_timeout",
+               "tensorboard", "mlflow"}
 
 
 def cache_dir() -> Path:
@@ -422,9 +423,10 @@ def check_batch(batch: int, images: int, data_name: str) -> None:
 
 def run_hooks(cfg: TrainConfig, extra: list | None = None) -> list:
     """A run's hooks, in calling order: the defaults (engine/hooks.py), the profiler's when
-    cfg.profile (unless the caller brings its own, as `libreyolo profile run` does), then the
-    caller's."""
+    cfg.profile (unless the caller brings its own, as `libreyolo profile run` does), the data
+    verdict and the loggers (engine/loggers.py), then the caller's."""
     from .engine.hooks import Hook, default_hooks
+    from .engine.loggers import logger_hooks
     from .profiler.window import ProfilerHook, profiler_hooks
 
     extra = list(extra or [])
@@ -432,7 +434,7 @@ def run_hooks(cfg: TrainConfig, extra: list | None = None) -> list:
         if not isinstance(hook, Hook):
             raise ConfigError(f"hooks=: {type(hook).__name__} is not an engine.hooks.Hook")
     own = [] if any(isinstance(h, ProfilerHook) for h in extra) else profiler_hooks(cfg)
-    return [*default_hooks(), *own, *extra]
+    return [*default_hooks(), *own, *logger_hooks(cfg), *extra]
 
 
 def _check_fits(model, state: Any, path: Path, part: str, arch: str) -> None:

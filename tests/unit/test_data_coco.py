@@ -203,3 +203,15 @@ def test_zero_size_boxes_are_dropped_and_border_boxes_clipped(tmp_path, caplog):
     labels = build_val_loader(cfg, _cfg()).dataset.split.labels
     rows = np.concatenate(labels)
     assert rows[:, 1:].min() >= 0 and (rows[:, 1:3] + rows[:, 3:5] / 2).max() <= 1 + 1e-6
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_detr_trains_and_validates_on_coco_json(tmp_path):
+    """The DETRs (end-to-end, no NMS) read the same loaders; one epoch of one step, crowd included."""
+    from libreyolo import LibreYOLO
+
+    val_json = write_coco(tmp_path / "coco", crowd={"train": [(0, 3, 1)], "val": [(0, 3, 1)]})
+    result = LibreYOLO("dfine-n").train(data=str(val_json), epochs=1, imgsz=IMGSZ, batch=6, workers=0, device="cpu",
+                                        project=str(tmp_path / "runs"), tensorboard=False, cache=False)
+    assert result.epochs_run == 1 and result.metrics["num_images"] == 6 and result.best.is_file()
+    assert "coco" in (result.run_dir / "results.html").read_text()  # the dataset is named after its folder

@@ -251,7 +251,7 @@ def load_coco_json(path: Path):
         splits[other] = missing_split(other, f"no {other} split for {path.name} ({looked}; or use a dataset yaml "
                                              f"with train: {{images, annotations}} and val alike)")
     root = path.parent.parent if path.parent.name == "annotations" else path.parent
-    return DataConfig(path.stem, path, root, splits["train"].files, splits["val"].files, names, {},
+    return DataConfig(root.name, path, root, splits["train"].files, splits["val"].files, names, {},
                       category_ids=ids, annotations=splits)
 
 
