@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections import Counter, defaultdict
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,11 +293,3 @@ def verdict(report: dict[str, Any]) -> str:
     tail = "" if report["full"] else "; labels and sizes only: `libreyolo data check` also decodes and compares every image"
     return f"data check: {head} ({facts}{tail})"
 
-
-def class_counts(report: dict[str, Any]) -> Counter:
-    """Boxes per class name over all splits."""
-    total: Counter = Counter()
-    for v in report["splits"].values():
-        for row in v["per_class"]:
-            total[row["class"]] += row["boxes"]
-    return total

@@ -53,6 +53,9 @@ def convert(data: str, to: str, out: str | os.PathLike) -> dict[str, Any]:
     tmp.mkdir(parents=True)
     try:
         writer = _to_coco if to == "coco" else _to_yolo
+        if to == "yolo" and data_cfg.category_ids != list(range(1, data_cfg.nc + 1)):
+            ids = ", ".join(map(str, data_cfg.category_ids[:8])) + (", ..." if data_cfg.nc > 8 else "")
+            log.info(f"category ids {ids} become classes 0..{data_cfg.nc - 1}, in that order")
         splits = {s: writer(data_cfg, s, tmp) for s in ("train", "val") if _has(data_cfg, s)}
         top = {"path": str(out.resolve()), **{s: v.pop("entry") for s, v in splits.items()},
                "names": list(data_cfg.names)}
@@ -114,9 +117,6 @@ def _to_yolo(data_cfg, split: str, out: Path) -> dict[str, Any]:
         crowd += len(extra)
     if crowd:
         log.warning(f"{split}: {crowd} iscrowd boxes left out (YOLO labels cannot mark a box as a crowd)")
-    if data_cfg.category_ids != list(range(1, data_cfg.nc + 1)):
-        ids = ", ".join(map(str, data_cfg.category_ids[:8])) + (", ..." if data_cfg.nc > 8 else "")
-        log.info(f"{split}: category ids {ids} are classes 0..{data_cfg.nc - 1} in that order")
     return {"entry": f"images/{split}", "images": len(s), "boxes": sum(len(x) for x in s.labels), "crowd": crowd}
 
 
