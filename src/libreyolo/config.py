@@ -28,7 +28,7 @@ def _key(default: Any, doc: str, *, lo: float | None = None, hi: float | None = 
 class TrainConfig:
     # --- what to train -------------------------------------------------------------------------
     model: Union[str, None] = _key(None, "weights file, official weights name (LibreYOLO9s.pt) or architecture (yolo9-t)", group="model", val=True)
-    data: Union[str, None] = _key(None, "dataset: built-in name (shapes, coco128; shapes-cls for classifiers; shapes-seg for segmentation), a dataset yaml, or a folder: train/<class>/ and val/<class>/ (classifiers), images/ + masks/, ADE20K or Cityscapes (segmentation)", group="model", val=True)
+    data: Union[str, None] = _key(None, "dataset: built-in name (shapes, coco128; shapes-cls for classifiers; shapes-seg for segmentation), a dataset yaml, a COCO instances_*.json, or a folder: train/<class>/ and val/<class>/ (classifiers), images/ + masks/, ADE20K or Cityscapes (segmentation)", group="model", val=True)
     task: Union[Literal["detect", "classify", "points", "segment"], None] = _key(None, "task to train: detect, classify, points or segment (default: the model's first task; `libreyolo cfg MODEL` shows it)", group="model")
     # --- loop ----------------------------------------------------------------------------------
     epochs: int = _key(100, "number of training epochs", lo=1, hi=100_000)

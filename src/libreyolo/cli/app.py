@@ -110,7 +110,8 @@ TRAIN_HELP = f"""Train a model: libreyolo train model=yolo9-t data=shapes epochs
 Every key of `libreyolo cfg` can be set as key=value (or --key value). model= takes an
 architecture (yolo9-t, resnet18, mobilenetv4-s), an official weights name (LibreYOLO9s.pt) or a
 checkpoint file. The model's family says what it learns (task=, default its first task):
-detectors read a built-in dataset (shapes, coco128) or a YOLO dataset yaml; classifiers a built-in
+detectors read a built-in dataset (shapes, coco128), a YOLO dataset yaml or COCO json (an
+instances_*.json, or a yaml with train: {{images, annotations}}); classifiers a built-in
 set (shapes-cls), a folder with train/<class>/ and val/<class>/ image folders, or a yaml naming
 them. resume=true continues the
 newest run's last.pt; resume=path/last.pt a given one. Progress and logs go to stderr (a live
