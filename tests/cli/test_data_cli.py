@@ -103,3 +103,12 @@ def test_val_save_json_writes_coco_results_with_the_json_ids(tmp_path, capsys):
         {1000 + 10 * i for i in range(6)}
     assert [r["category_id"] for r in metrics["per_class"]] == CATEGORY_IDS
     assert f"COCO results: {len(rows)} detections in {out_file}" in err
+
+
+def test_check_refuses_what_it_does_not_read_in_one_line(tmp_path, capsys):
+    for data, needle in ((str(tmp_path), "is a folder: data check reads detection datasets"),
+                         (str(tmp_path / "nope.json"), "annotations not found"),
+                         ("shapes-cls", "is a classification dataset")):
+        code, out, err = run_in_process(["data", "check", f"data={data}"], capsys)
+        assert code == 2 and out == "" and err.startswith("error: ") and needle in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()

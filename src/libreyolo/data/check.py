@@ -51,8 +51,12 @@ class FileRecord:
 
 def check_dataset(data: str, imgsz: int = 640, threads: int | None = None) -> dict[str, Any]:
     """The full report of dataset `data` (anything `data=` takes for a detector)."""
+    from ..errors import DataError
     from .dataset_yaml import load_data_config
 
+    if Path(data).expanduser().is_dir():
+        raise DataError(f"data={data} is a folder: data check reads detection datasets (a dataset yaml or an "
+                        f"instances json), not classification or segmentation folders")
     data_cfg = load_data_config(data)
     splits = {}
     for s in ("train", "val"):
