@@ -28,7 +28,7 @@ def _key(default: Any, doc: str, *, lo: float | None = None, hi: float | None = 
 class TrainConfig:
     # --- what to train -------------------------------------------------------------------------
     model: Union[str, None] = _key(None, "weights file, official weights name (LibreYOLO9s.pt) or architecture (yolo9-t)", group="model", val=True)
-    data: Union[str, None] = _key(None, "dataset: built-in name (shapes, coco128; shapes-cls for classifiers; shapes-seg for segmentation), a dataset yaml, or a folder: train/<class>/ and val/<class>/ (classifiers), images/ + masks/, ADE20K or Cityscapes (segmentation)", group="model", val=True)
+    data: Union[str, None] = _key(None, "dataset: built-in name (shapes, coco128; shapes-cls for classifiers; shapes-seg for segmentation), a dataset yaml, a COCO instances_*.json, or a folder: train/<class>/ and val/<class>/ (classifiers), images/ + masks/, ADE20K or Cityscapes (segmentation)", group="model", val=True)
     task: Union[Literal["detect", "classify", "points", "segment"], None] = _key(None, "task to train: detect, classify, points or segment (default: the model's first task; `libreyolo cfg MODEL` shows it)", group="model")
     # --- loop ----------------------------------------------------------------------------------
     epochs: int = _key(100, "number of training epochs", lo=1, hi=100_000)
@@ -110,6 +110,8 @@ class TrainConfig:
     exist_ok: bool = _key(False, "reuse an existing run directory", group="output")
     resume: Union[bool, str] = _key(False, "resume: true (last run's last.pt of this project/name) or a path to last.pt", group="output")
     save_period: int = _key(-1, "also save epochN.pt every N epochs (-1 = off)", lo=-1, group="output")
+    tensorboard: Union[Literal["auto"], bool] = _key("auto", "TensorBoard event files in the run directory (losses, metrics, LR per group, img/s, step time, GPU memory; the profiler's verdict): true, false, or auto (on when the tensorboard package is installed; pip install 'libreyolo[tensorboard]')", group="output")
+    mlflow: bool = _key(False, "log params, per-epoch metrics and artifacts (results.html, best.pt, profile_summary.json) to MLflow: MLFLOW_TRACKING_URI, else a file store ./mlruns (pip install 'libreyolo[mlflow]')", group="output")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

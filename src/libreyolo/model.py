@@ -30,7 +30,8 @@ log = logging.getLogger("libreyolo")
 DEFAULT_WEIGHTS_URL = "https://github.com/libreyolo/libreyolo/releases/download/weights-v1"
 # Keys that may change when resuming; every other key comes from the checkpoint's config.
 # A run may resume on another number of devices (checkpoints hold the plain module).
-RESUME_KEYS = {"resume", "device", "workers", "cache", "exist_ok", "log_interval", "sync_bn", "ddp_timeout"}
+RESUME_KEYS = {"resume", "device", "workers", "cache", "exist_ok", "log_interval", "sync_bn", "ddp_timeout",
+               "tensorboard", "mlflow"}
 
 
 def cache_dir() -> Path:
@@ -234,14 +235,17 @@ class LibreYOLO:
             log.info(f"resuming {path}: the weights of model={self.name} are not used")
         return spec, size
 
-    def val(self, data: str | None = None, **overrides: Any) -> dict[str, Any]:
+    def val(self, data: str | None = None, *, save_json: str | os.PathLike | None = None,
+            **overrides: Any) -> dict[str, Any]:
         """Validate on a dataset's val split; returns the task's metrics (detection: 'map50_95',
         'map50', 'precision', 'recall', 'num_images', 'num_dets', 'per_class', 'curves';
         classification: 'top1', 'top5', 'loss', 'num_images', 'per_class') with 'imgsz', 'data'
         and 'task', and prints the per-class table on stderr.
 
         A checkpoint validates at the size it was trained at, on the dataset it was trained on,
-        unless `imgsz=`/`data=` are given (`inference_args`); a log line says what was used."""
+        unless `imgsz=`/`data=` are given (`inference_args`); a log line says what was used.
+        `save_json` (detectors): also write the detections there as a COCO results json, under the
+        dataset's own image and category ids ('saved_json' in the result)."""
         from .engine.builder import build_model
         from .engine.device import out_of_memory_as_error, select_device
         from .engine.precision import Precision
@@ -259,6 +263,8 @@ class LibreYOLO:
         task = task_for(self.source.spec, (ckpt or {}).get("task"))
         if not user.get("data"):
             raise ConfigError(f"no dataset given: pass data=NAME ({task.data_help})")
+        if save_json is not None and task.name != "detect":
+            raise ConfigError(f"save_json: COCO results are boxes; a {task.display} model has none")
         user.setdefault("model", self.name)
         cfg = build_config(user, self.source.defaults)
         device = select_device(cfg.device)
@@ -284,8 +290,10 @@ class LibreYOLO:
                  f"precision: {precision.describe()}")
         with out_of_memory_as_error(cfg, device):
             metrics = task.evaluate(model, loader, device, cfg, amp_dtype=precision.dtype, names=data_cfg.names,
-                                    progress=True)
+                                    progress=True, **({"save_json": save_json} if save_json is not None else {}))
         task.report(metrics)
+        if save_json is not None:
+            log.info(f"COCO results: {metrics['num_dets']} detections in {metrics['saved_json']}")
         return {**metrics, "imgsz": cfg.imgsz, "data": cfg.data, "task": task.name}
 
 
@@ -415,9 +423,10 @@ def check_batch(batch: int, images: int, data_name: str) -> None:
 
 def run_hooks(cfg: TrainConfig, extra: list | None = None) -> list:
     """A run's hooks, in calling order: the defaults (engine/hooks.py), the profiler's when
-    cfg.profile (unless the caller brings its own, as `libreyolo profile run` does), then the
-    caller's."""
+    cfg.profile (unless the caller brings its own, as `libreyolo profile run` does), the data
+    verdict and the loggers (engine/loggers.py), then the caller's."""
     from .engine.hooks import Hook, default_hooks
+    from .engine.loggers import logger_hooks
     from .profiler.window import ProfilerHook, profiler_hooks
 
     extra = list(extra or [])
@@ -425,7 +434,7 @@ def run_hooks(cfg: TrainConfig, extra: list | None = None) -> list:
         if not isinstance(hook, Hook):
             raise ConfigError(f"hooks=: {type(hook).__name__} is not an engine.hooks.Hook")
     own = [] if any(isinstance(h, ProfilerHook) for h in extra) else profiler_hooks(cfg)
-    return [*default_hooks(), *own, *extra]
+    return [*default_hooks(), *own, *logger_hooks(cfg), *extra]
 
 
 def _check_fits(model, state: Any, path: Path, part: str, arch: str) -> None:

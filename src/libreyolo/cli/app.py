@@ -1,4 +1,4 @@
-"""`libreyolo` command line: train, val, cfg, bench.
+"""`libreyolo` command line: train, val, cfg, bench, data.
 
 User mistakes print one line (`error: ...`) on stderr and exit 2, without a traceback;
 `LIBREYOLO_DEBUG=1` re-raises so the traceback shows.
@@ -110,7 +110,8 @@ TRAIN_HELP = f"""Train a model: libreyolo train model=yolo9-t data=shapes epochs
 Every key of `libreyolo cfg` can be set as key=value (or --key value). model= takes an
 architecture (yolo9-t, resnet18, mobilenetv4-s), an official weights name (LibreYOLO9s.pt) or a
 checkpoint file. The model's family says what it learns (task=, default its first task):
-detectors read a built-in dataset (shapes, coco128) or a YOLO dataset yaml; classifiers a built-in
+detectors read a built-in dataset (shapes, coco128), a YOLO dataset yaml or COCO json (an
+instances_*.json, or a yaml with train: {{images, annotations}}); classifiers a built-in
 set (shapes-cls), a folder with train/<class>/ and val/<class>/ image folders, or a yaml naming
 them. resume=true continues the
 newest run's last.pt; resume=path/last.pt a given one. Progress and logs go to stderr (a live
@@ -187,7 +188,11 @@ Keys (key=, default, meaning):
 @user_errors
 def val(ctx: typer.Context,
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout: the metrics, per_class "
-                                                           "rows, and the imgsz and data used.")) -> None:
+                                                           "rows, and the imgsz and data used."),
+        save_json: str = typer.Option(None, "--save-json", metavar="FILE",
+                                      help="Detectors: also write the detections to FILE as a COCO results json "
+                                           "(image_id, category_id, bbox, score; the dataset's own ids), for "
+                                           "pycocotools or faster-coco-eval.")) -> None:
     from ..config import VAL_KEYS
     from .grammar import parse_overrides
     from .precheck import check_inputs
@@ -200,7 +205,7 @@ def val(ctx: typer.Context,
     check_inputs(args, model)  # before importing torch: a missing file answers instantly
     from ..model import LibreYOLO
 
-    metrics = LibreYOLO(model).val(**args)
+    metrics = LibreYOLO(model).val(**args, **({"save_json": save_json} if save_json else {}))
     if as_json:
         typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "curves"}))  # curves: results.html
     else:
@@ -349,10 +354,12 @@ def usage_error_line(exc) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     from .bench import bench_app
+    from .data import data_app
     from .profile import profile_app
 
     if not getattr(app, "_libreyolo_groups", False):  # main() may run many times in one process
         app.add_typer(bench_app, name="bench")
+        app.add_typer(data_app, name="data")
         app.add_typer(profile_app, name="profile")
         app._libreyolo_groups = True
     # standalone_mode=False hands Click's usage errors to us instead of printing them its way.

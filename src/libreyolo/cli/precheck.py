@@ -48,7 +48,8 @@ def check_data(data: Any) -> None:
         return
     path = Path(data).expanduser()
     if not path.is_file():
-        raise DataError(f"dataset yaml not found: {path}")
+        what = "annotations" if data.lower().endswith(".json") else "dataset yaml"
+        raise DataError(f"{what} not found: {path}")
 
 
 def check_source(source: Any) -> None:
@@ -69,7 +70,7 @@ def check_inputs(args: dict[str, Any], model: Any = None) -> None:
 # The same rule as data/dataset_yaml.py (importing that module would import the data pipeline,
 # torch included): a name without a slash or a yaml suffix means a packaged dataset.
 def _is_builtin_name(text: str) -> bool:
-    return "/" not in text and "\\" not in text and not text.lower().endswith((".yaml", ".yml"))
+    return "/" not in text and "\\" not in text and not text.lower().endswith((".yaml", ".yml", ".json"))
 
 
 def _packaged():

@@ -195,7 +195,8 @@ class ValDataset(_Base):
         img, boxes, ratio, pad = inference_letterbox(t.image, (h0, w0), self.imgsz, t.boxes)
         return img, boxes, t.labels, i, (h0, w0), ratio, pad
 
-    def ground_truth(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per image: boxes xyxy in original pixels (float32 [n, 4]) and class ids (int64)."""
-        return [(label_boxes(lab, h, w), lab[:, 0].astype(np.int64))
-                for lab, (h, w) in zip(self.split.labels, self.split.sizes)]
+    def ground_truth(self, crowd: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per image: boxes xyxy in original pixels (float32 [n, 4]) and class ids (int64); with
+        `crowd`, its COCO iscrowd boxes instead (none for a dataset without them)."""
+        rows = self.split.labels if not crowd else self.split.crowd or [np.zeros((0, 5), np.float32)] * len(self)
+        return [(label_boxes(lab, h, w), lab[:, 0].astype(np.int64)) for lab, (h, w) in zip(rows, self.split.sizes)]

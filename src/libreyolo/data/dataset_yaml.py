@@ -10,7 +10,9 @@ place for data). Packaged yamls may say `builtin: shapes` / `shapes-cls` / `shap
 `regimes.py` (`shapes-dense`, ...) (generated on
 first use) or `download: FILE.zip` + `sha256:` (fetched on first use, see download.py). `task:
 classify` marks a classification dataset (class folders, see classify.py), `task: segment` a
-segmentation one (images + masks, see segment.py); absent means detect.
+segmentation one (images + masks, see segment.py); absent means detect. A split given as
+`{images: DIR, annotations: FILE.json}`, or `data=` an instances json, is a COCO-json dataset
+(coco_json.py).
 
 Labels are not read here: scanning and verifying happen when a split is built (labels.py).
 """
@@ -43,6 +45,9 @@ class DataConfig:
     val: list[Path]
     names: list[str]
     extra: dict[str, Any] = field(default_factory=dict)  # other yaml keys, untouched
+    # A COCO-json dataset (coco_json.py): class k's category id, and each split's annotations.
+    category_ids: list[int] | None = None
+    annotations: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nc(self) -> int:
@@ -57,6 +62,10 @@ def builtin_names() -> list[str]:
 def load_data_config(data: str | os.PathLike) -> DataConfig:
     """Resolve `data` (a built-in name or a yaml path) into a DataConfig. Raises DataError."""
     text = str(data)
+    if text.lower().endswith(".json"):  # an instances_*.json in the COCO layout
+        from .coco_json import load_coco_json
+
+        return load_coco_json(Path(text))
     packaged = _is_builtin_name(text)
     if Path(text).expanduser().is_dir() and not (packaged and _packaged_folder().joinpath(f"{text}.yaml").is_file()):
         raise DataError(f"data={text} is a folder: a detector reads a dataset yaml (path, train, val, names); "
@@ -64,6 +73,10 @@ def load_data_config(data: str | os.PathLike) -> DataConfig:
     yaml_path, raw = _read_yaml_source(text, packaged, "dataset yaml not found: {}")
     name = text if packaged else yaml_path.stem
     _check_task(raw, name, "detect")
+    from .coco_json import is_coco_yaml, load_coco_yaml
+
+    if is_coco_yaml(raw):  # train: {images: DIR, annotations: FILE.json}
+        return load_coco_yaml(raw, yaml_path, _resolve_root(raw, yaml_path, packaged), name)
     names = _parse_names(raw, yaml_path)
     root = _resolve_root(raw, yaml_path, packaged)
     _materialise(raw, root, name)
@@ -125,7 +138,7 @@ def read_task_yaml(text: str, task: str, forms: str) -> tuple[Path, dict, bool]:
 
 
 def _is_builtin_name(text: str) -> bool:
-    return "/" not in text and "\\" not in text and not text.lower().endswith((".yaml", ".yml"))
+    return "/" not in text and "\\" not in text and not text.lower().endswith((".yaml", ".yml", ".json"))
 
 
 def _packaged_folder():

@@ -2,7 +2,8 @@
 
 A label file sits where the image is, with the last `images` path component replaced by `labels`
 and the suffix by `.txt`; each line is `cls cx cy w h`, normalised to [0, 1]. A missing label
-file means an image without objects (legal). An image whose label file is corrupt (wrong column
+file means an image without objects (legal). A COCO-json dataset's boxes come from its json
+instead (coco_json.py), through the same scan. An image whose label file is corrupt (wrong column
 count, a non-number, a class id out of range, coordinates outside [0, 1] beyond a small tolerance,
 a non-positive size) or whose header cannot be read is skipped; the scan logs ONE summary line
 with the counts and the first few files with their defects (`line 3: class id 12 out of range`),
@@ -37,6 +38,10 @@ class Split:
     files: list[Path]
     labels: list[np.ndarray]  # per image float32 [n, 5]: cls, cx, cy, w, h (normalised)
     sizes: list[tuple[int, int]]  # per image (h, w) in pixels, read from the header
+    # Per image: its position in the listed files (a skipped file leaves a gap), and the COCO
+    # iscrowd boxes as rows like `labels` (None: the dataset has none; coco_json.py).
+    index: list[int] | None = None
+    crowd: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.files)
@@ -156,32 +161,41 @@ def _checked(h: int, w: int) -> tuple[int, int]:
 NAMED = 3
 
 
-def scan_split(name: str, files: list[Path], nc: int) -> Split:
+def scan_split(name: str, files: list[Path], nc: int, annotations=None) -> Split:
     """Read labels and image headers of a split; skip broken images with one summary line.
 
+    The labels are the YOLO txt files beside the images, or with `annotations` (a
+    coco_json.CocoSplit of these files) the json's boxes, normalised to each image's header size.
     The first image is also decoded in full (and the next, until one decodes): a header can be
     fine while the pixels are not, and a split none of whose images decodes must not train or
     validate on stand-ins. Later undecodable images are replaced when they are met (dataset.py)."""
-    keep, labels, sizes = [], [], []
+    if annotations is not None and annotations.missing:
+        raise DataError(annotations.missing)
+    keep, labels, sizes, index, crowd = [], [], [], [], []
     bad_label: list[tuple[Path, str]] = []
     bad_image: list[tuple[Path, str]] = []
-    for f in files:
+    for i, f in enumerate(files):
         try:
             size = image_size(f)
         except (OSError, ValueError, struct.error) as exc:
             bad_image.append((f, _reason(exc, "unreadable image")))
             continue
-        lab_path = label_path(f)
-        try:
-            lab = parse_label_file(lab_path, nc)
-        except (OSError, ValueError) as exc:
-            bad_label.append((lab_path, _reason(exc, "unreadable label file")))
-            continue
+        if annotations is not None:  # checked when the json was read: nothing left to fail here
+            lab, lab_crowd = annotations.labels(i, size)
+            crowd.append(lab_crowd)
+        else:
+            lab_path = label_path(f)
+            try:
+                lab = parse_label_file(lab_path, nc)
+            except (OSError, ValueError) as exc:
+                bad_label.append((lab_path, _reason(exc, "unreadable label file")))
+                continue
         keep.append(f)
         labels.append(lab)
         sizes.append(size)
+        index.append(i)
     first = _first_decodable(keep, bad_image)
-    keep, labels, sizes = keep[first:], labels[first:], sizes[first:]
+    keep, labels, sizes, index, crowd = keep[first:], labels[first:], sizes[first:], index[first:], crowd[first:]
     skipped = len(bad_label) + len(bad_image)
     if skipped and keep:  # with none kept, the error below says the same in its one line
         log.warning("%s: %d of %d images skipped (%s)", name, skipped, len(files), _defects(bad_label, bad_image))
@@ -190,8 +204,10 @@ def scan_split(name: str, files: list[Path], nc: int) -> Split:
                         f"{_defects(bad_label, bad_image)})")
     boxes = sum(len(lab) for lab in labels)
     empty = sum(1 for lab in labels if len(lab) == 0)
-    log.info("%s: %d images, %d boxes, %d without objects", name, len(keep), boxes, empty)
-    return Split(name, keep, labels, sizes)
+    crowded = sum(len(c) for c in crowd)
+    log.info("%s: %d images, %d boxes, %d without objects%s", name, len(keep), boxes, empty,
+             f", {crowded} crowd boxes (scored as COCO does, not trained on)" if crowded else "")
+    return Split(name, keep, labels, sizes, index, crowd if annotations is not None else None)
 
 
 def _first_decodable(files: list[Path], bad_image: list[tuple[Path, str]]) -> int:

@@ -253,9 +253,17 @@ class ValLoader:
         self.files = dataset.split.files
         self.loader = _dataloader(dataset, cfg, int(cfg.seed), batch_size=batch, shuffle=False,
                                   collate_fn=collate_val)
+        # COCO ids for what validation hands back (val --save-json): each image's, each class's.
+        self.image_ids: list[int] | None = None
+        self.category_ids: list[int] | None = None
+        self.coco_categories = False  # the ids are a COCO json's own (not class + 1)
 
     def ground_truth(self) -> list[tuple[np.ndarray, np.ndarray]]:
         return self.dataset.ground_truth()
+
+    def crowd(self) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """Per image its COCO iscrowd boxes (as `ground_truth`), or None for a dataset without them."""
+        return self.dataset.ground_truth(crowd=True) if self.dataset.split.crowd is not None else None
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -267,12 +275,19 @@ class ValLoader:
 
 def build_train_loader(data_cfg: DataConfig, cfg, rank: int = 0, world_size: int = 1) -> TrainLoader:
     """The training loader; under multi-process training, rank's share of every global batch."""
-    split = scan_split("train", data_cfg.train, data_cfg.nc)
+    split = scan_split("train", data_cfg.train, data_cfg.nc, getattr(data_cfg, "annotations", {}).get("train"))
     dataset = TrainDataset(split, int(cfg.imgsz), cfg, seed=int(cfg.seed), cache=cfg.cache)
     return TrainLoader(dataset, cfg, rank, world_size)
 
 
 def build_val_loader(data_cfg: DataConfig, cfg, batch: int | None = None) -> ValLoader:
-    split = scan_split("val", data_cfg.val, data_cfg.nc)
+    from .coco_json import category_ids, image_ids
+
+    split = scan_split("val", data_cfg.val, data_cfg.nc, getattr(data_cfg, "annotations", {}).get("val"))
     dataset = ValDataset(split, int(cfg.imgsz), cache=cfg.cache)
-    return ValLoader(dataset, cfg, int(batch or cfg.batch))
+    loader = ValLoader(dataset, cfg, int(batch or cfg.batch))
+    listed = image_ids(data_cfg, "val")
+    loader.image_ids = [listed[i] for i in split.index]
+    loader.category_ids = category_ids(data_cfg)
+    loader.coco_categories = getattr(data_cfg, "category_ids", None) is not None
+    return loader

@@ -2,7 +2,11 @@
 
 Each batch is predicted, post-processed and mapped back to original image pixels (ground truth
 too, so letterbox rounding affects both sides equally). Everything is collected as small numpy
-arrays; the COCO dicts are built in memory once, at the end. Nothing is written to disk.
+arrays; the COCO dicts are built in memory once, at the end. A COCO-json dataset's iscrowd boxes
+(the loader's `crowd()`) join the ground truth as crowd regions, which the COCO metric neither
+rewards nor holds against a detection. Nothing is written to disk unless `save_json` asks for the
+detections as a COCO results file (original image and category ids: the loader's `image_ids` and
+`category_ids`).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +39,7 @@ def evaluate(
     progress: bool = True,
     verbose: bool = False,
     preprocess: Callable[[Tensor], Tensor] | None = None,
+    save_json: str | Path | None = None,
 ) -> dict[str, Any]:
     """Validate `model` (already on `device`) over `loader`; return COCO box metrics.
 
@@ -47,7 +53,10 @@ def evaluate(
     and what eval/details.py computes: "precision" and "recall" (means over the classes),
     "per_class" (one row per class: images, instances, precision, recall, map50, map50_95) and
     "curves" (PR curves, F1 against confidence, the confusion matrix; for results.html).
-    `verbose=True` lets faster-coco-eval print its summary table.
+    `verbose=True` lets faster-coco-eval print its summary table. With a COCO-json dataset the
+    per-class rows also carry the json's `category_id`. `save_json`: write the detections there as
+    a COCO results list ({image_id, category_id, bbox [x, y, w, h], score}, original pixels and
+    ids) and return its path as "saved_json".
     """
     device = torch.device(device)
     preprocess = preprocess or _default_preprocess
@@ -57,18 +66,47 @@ def evaluate(
         for batch in batches:
             preds = predict(model, preprocess(batch.images.to(device, non_blocking=True)), amp_dtype)
             collector.add(batch, postprocess(preds, conf=conf, iou=iou, max_det=max_det, multi_label=True, nms=nms))
-    evaluator = coco_evaluator(collector.gt, collector.dets, collector.sizes, names, verbose)
+    crowd = collector.crowd_rows(loader)
+    evaluator = coco_evaluator(collector.gt, collector.dets, collector.sizes, names, verbose, crowd=crowd)
     map50_95, map50 = _headline(evaluator)
     classes = _class_names(names, collector.gt, collector.dets)
     precision = evaluator.eval["precision"] if evaluator is not None else None
     recall_points = np.asarray(evaluator.params.recThrs) if evaluator is not None else None
-    return {
+    out = {
         "map50_95": map50_95,
         "map50": map50,
         "num_images": len(collector.sizes),
         "num_dets": int(sum(len(d) for d in collector.dets)),
         **details(collector.gt, collector.dets, len(collector.sizes), classes, precision, recall_points),
     }
+    category_ids = getattr(loader, "category_ids", None)
+    if getattr(loader, "coco_categories", False) and category_ids:
+        for row in out["per_class"]:
+            if row["id"] < len(category_ids):
+                row["category_id"] = category_ids[row["id"]]
+    if save_json is not None:
+        out["saved_json"] = str(write_results_json(save_json, collector, loader))
+    return out
+
+
+def write_results_json(path: str | Path, collector: _Collector, loader: Any) -> Path:
+    """The collected detections as a COCO results file (what pycocotools' and faster-coco-eval's
+    `loadRes` read), under the loader's original image and category ids (else image index + 1 and
+    class + 1); written to a temp file and renamed."""
+    from ..atomic import write_json_atomic
+
+    image_ids, category_ids = getattr(loader, "image_ids", None), getattr(loader, "category_ids", None)
+    keys = {dense: key for key, dense in collector.ids.items()}
+    results = []
+    for row in _det_list(np.concatenate(collector.dets)) if collector.dets else []:
+        key, cls = keys[row["image_id"]], row["category_id"] - 1
+        row["image_id"] = int(image_ids[key]) if image_ids is not None else int(key) + 1
+        row["category_id"] = int(category_ids[cls]) if category_ids is not None and cls < len(category_ids) \
+            else cls + 1
+        row["bbox"] = [round(v, 3) for v in row["bbox"]]
+        row["score"] = round(row["score"], 5)
+        results.append(row)
+    return write_json_atomic(path, results, indent=None)
 
 
 def _default_preprocess(images: Tensor) -> Tensor:
@@ -121,6 +159,17 @@ class _Collector:
             dense.append(self.ids[key])
         return torch.tensor(dense, dtype=torch.float64), torch.tensor(fresh, dtype=torch.bool)
 
+    def crowd_rows(self, loader: Any) -> list[np.ndarray]:
+        """The iscrowd boxes of the images seen, as `gt` rows (none where the loader has none)."""
+        crowd = loader.crowd() if callable(getattr(loader, "crowd", None)) else None
+        rows = []
+        for key, dense in self.ids.items() if crowd is not None else ():
+            boxes, cls = crowd[int(key)]
+            if len(boxes):
+                rows.append(np.concatenate([np.full((len(boxes), 1), dense, np.float64), boxes.astype(np.float64),
+                                            cls[:, None].astype(np.float64)], 1))
+        return rows
+
     @staticmethod
     def _append(store: list, image: Tensor, keep: Tensor, boxes: Tensor, extra: Tensor) -> None:
         rows = torch.cat([image[:, None], boxes.double(), extra.double()], dim=1)[keep]
@@ -144,10 +193,11 @@ def coco_map(
 
 
 def coco_evaluator(gt: list[np.ndarray], dets: list[np.ndarray], sizes: list[tuple[int, int]],
-                   names: Sequence[str] | dict[int, str] | None = None, verbose: bool = False):
+                   names: Sequence[str] | dict[int, str] | None = None, verbose: bool = False,
+                   crowd: list[np.ndarray] | None = None):
     """The accumulated faster-coco-eval evaluator of `_Collector` rows (its `stats` summarised, its
     `eval["precision"]` array for per-class figures and curves); None without ground truth or
-    detections (older evaluators crash on it)."""
+    detections (older evaluators crash on it). `crowd`: iscrowd regions, rows like `gt`."""
     if not gt or not dets:
         return None
     from faster_coco_eval import (  # imported lazily: the CLI stays fast
@@ -156,12 +206,13 @@ def coco_evaluator(gt: list[np.ndarray], dets: list[np.ndarray], sizes: list[tup
     )
 
     gt_rows, det_rows = np.concatenate(gt), np.concatenate(dets)
+    crowd_rows = np.concatenate(crowd) if crowd else np.zeros((0, 6))
     say = print if verbose else _silent
     num_classes = _num_classes(names, gt_rows[:, 5], det_rows[:, 6])
     # print_function is set as an attribute: not every supported version takes it as an argument.
     quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
     with quiet:
-        coco_gt = COCO(_gt_dict(gt_rows, sizes, names, num_classes))
+        coco_gt = COCO(_gt_dict(gt_rows, sizes, names, num_classes, crowd_rows))
         coco_gt.print_function = say
         coco_dt = coco_gt.loadRes(_det_list(det_rows))
         coco_dt.print_function = say
@@ -209,8 +260,10 @@ def _xywh(rows: np.ndarray) -> np.ndarray:
     return np.stack([rows[:, 0], rows[:, 1], rows[:, 2] - rows[:, 0], rows[:, 3] - rows[:, 1]], 1)
 
 
-def _gt_dict(rows: np.ndarray, sizes: list, names: Any, num_classes: int) -> dict:
-    boxes = _xywh(rows[:, 1:5])
+def _gt_dict(rows: np.ndarray, sizes: list, names: Any, num_classes: int, crowd: np.ndarray | None = None) -> dict:
+    crowd = np.zeros((0, 6)) if crowd is None else crowd
+    every = np.concatenate([rows, crowd])
+    boxes = _xywh(every[:, 1:5])
     annotations = [
         {
             "id": k + 1,  # id 0 means "unmatched" inside the evaluator
@@ -218,9 +271,9 @@ def _gt_dict(rows: np.ndarray, sizes: list, names: Any, num_classes: int) -> dic
             "category_id": int(cls) + 1,
             "bbox": box.tolist(),
             "area": float(box[2] * box[3]),
-            "iscrowd": 0,
+            "iscrowd": int(k >= len(rows)),
         }
-        for k, (img, cls, box) in enumerate(zip(rows[:, 0], rows[:, 5], boxes))
+        for k, (img, cls, box) in enumerate(zip(every[:, 0], every[:, 5], boxes))
     ]
     return {
         "images": [{"id": k + 1, "height": h, "width": w} for k, (h, w) in enumerate(sizes)],

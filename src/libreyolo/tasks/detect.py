@@ -7,11 +7,12 @@ from typing import Any
 from .base import TaskSpec, lazy
 
 
-def _evaluate(model, loader, device, cfg, *, amp_dtype=None, names=None, progress: bool = False) -> dict[str, Any]:
+def _evaluate(model, loader, device, cfg, *, amp_dtype=None, names=None, progress: bool = False,
+              save_json=None) -> dict[str, Any]:
     from ..eval import evaluate
 
     return evaluate(model, loader, device, conf=cfg.conf, iou=cfg.iou, max_det=cfg.max_det,
-                    amp_dtype=amp_dtype, names=names, progress=progress)
+                    amp_dtype=amp_dtype, names=names, progress=progress, save_json=save_json)
 
 
 def _pack(batch) -> dict:
@@ -51,7 +52,8 @@ SPEC = TaskSpec(
     prepare=lazy("libreyolo.predict.post", "prepare_detect"),
     results=lazy("libreyolo.predict.post", "detect_results"),
     default_classes=80,
-    data_help="a built-in name (shapes, coco128) or a YOLO dataset yaml (path, train, val, names)",
+    data_help="a built-in name (shapes, coco128), a YOLO dataset yaml (path, train, val, names) or COCO json "
+              "(an instances_*.json, or a yaml with train: {images, annotations})",
     builtin_data="shapes",
     detail_keys=("per_class", "curves"),
 )
