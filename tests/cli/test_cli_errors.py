@@ -142,11 +142,12 @@ def test_cfg_of_a_model_shows_its_defaults_and_where_they_come_from(inproc):
     import json
 
     rows = {r["key"]: r for r in json.loads(inproc("cfg", "model=yolox-t", "--json").stdout)}
-    assert (rows["mixup"]["default"], rows["mixup"]["source"]) == ("0.0", "yolox-t")   # the tiny recipe
-    assert (rows["box"]["default"], rows["box"]["source"]) == ("5.0", "yolox")         # the family's
+    # the tiny recipe's, used in long runs only (recipe=auto)
+    assert (rows["mixup"]["default"], rows["mixup"]["source"]) == ("0.0", "yolox-t, long runs")
+    assert (rows["box"]["default"], rows["box"]["source"]) == ("5.0", "yolox")         # the family's, always
     assert (rows["epochs"]["default"], rows["epochs"]["source"]) == ("100", "base")
     text = inproc("cfg", "LibreYOLOXs.pt").stdout  # an official weights name: parsed, never downloaded
-    assert any(line.split()[:4] == ["mixup", "1.0", "float", "yolox"] for line in text.splitlines())
+    assert any(line.split()[:5] == ["mixup", "1.0", "float", "yolox,", "long"] for line in text.splitlines())
     bad = inproc("cfg", "yolox-q")
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown model 'yolox-q'") and not bad.stdout
     both = inproc("cfg", "yolox-t", "--markdown")
