@@ -13,7 +13,8 @@ import sys
 
 import typer
 
-from .app import EXTRA, setup_logging, user_errors
+from ..logs import setup_logging
+from .common import EXTRA, user_errors
 
 profile_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                           context_settings={"help_option_names": ["-h", "--help"]},

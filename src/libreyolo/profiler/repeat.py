@@ -145,7 +145,7 @@ def aggregate(summaries: list[dict], dirs: list[Path]) -> dict:
 
 def _trial(spec_json: str) -> str:
     """One trial, in a fresh process started by run_trials; returns its run directory."""
-    from ..cli.app import setup_logging
+    from ..logs import setup_logging
 
     setup_logging()
     spec = json.loads(spec_json)
