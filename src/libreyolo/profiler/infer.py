@@ -39,7 +39,7 @@ import yaml
 from torch import Tensor
 
 from ..config import FIELDS
-from ..engine.hooks import Hook
+from ..engine.run import Hook
 from ..errors import ConfigError, DataError, LibreYOLOError
 from ..predict.options import KEYS as PREDICT
 from ..predict.post import PostOptions
@@ -185,7 +185,7 @@ class _Precision:
 
 
 class InferenceLoop:
-    """Inference steps with the trainer's hook events around them, in its order (engine/hooks.py):
+    """Inference steps with the trainer's hook events around them, in its order (engine/run.py):
     before_train; per pass over the images before_epoch, before_step/after_step per step,
     after_epoch; after_train. Runs until a hook sets `stop` or the steps a window needs
     (window.steps_needed) ran."""

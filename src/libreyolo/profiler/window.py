@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from ..engine.hooks import Hook
+from ..engine.run import Hook
 from . import analyze as A
 from . import markers
 
