@@ -123,7 +123,8 @@ def prepare(user: dict[str, Any], workdir: Path, arms: list[str] | None = None) 
     from .config import build_config
     from .engine.builder import build_model
     from .engine.device import select_device
-    from .model import LibreYOLO, check_batch, checking_inputs
+    from .logs import checking_inputs
+    from .model import LibreYOLO, check_batch
     from .tasks import task_for
 
     lib = LibreYOLO(user["model"])

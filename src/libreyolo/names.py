@@ -1,6 +1,6 @@
 """Model names: what a `model=` string means, decided in one place.
 
-In order (model.resolve_model applies them; cli/precheck.py the part that needs no torch):
+In order (resolve.resolve_model applies them; cli/precheck.py the part that needs no torch):
 1. an existing file is a checkpoint;
 2. an official weights name, `<weights_prefix><size>.pt` (LibreYOLO9s.pt), may be downloaded;
 3. an architecture name, family then size, '-', '_' or ' ' between optional (yolo9-t, YOLOv9-t,

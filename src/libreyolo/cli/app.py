@@ -270,7 +270,7 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
     if model is not None:
         if markdown:
             raise ConfigError("--markdown prints the generic tables of docs/hyperparameters.md; leave out the model")
-        from ..model import arch_of
+        from ..resolve import arch_of
 
         spec, size = arch_of(model.removeprefix("model="))
         # A long-run key is the family's only in runs recipe=auto finds long (engine/recipe.py).

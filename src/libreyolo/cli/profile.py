@@ -55,7 +55,7 @@ def resolve_weights(weights: str | None, size: str | None) -> str:
         return arch_name(spec, wanted)
     if size is None:
         return weights
-    from ..model import resolve_model
+    from ..resolve import resolve_model
 
     source = resolve_model(weights)
     if parse_size(source.spec, size) != source.size:

@@ -259,8 +259,9 @@ def run_once(model: str, overrides: dict[str, Any]) -> Path:
     project/name (runs/profile/infer, infer2, ...), holding the four artifacts and args.yaml."""
     from ..engine.device import out_of_memory_as_error
     from ..engine.rundir import discard_if_empty, make_run_dir
-    from ..model import checking_inputs, resolve_model
+    from ..logs import checking_inputs
     from ..predict.core import Predictor
+    from ..resolve import resolve_model
     from .window import ProfilerHook
 
     cfg = settings(model, overrides)

@@ -108,7 +108,7 @@ def run_trials(model: str, data: str | None, overrides: dict[str, Any], n: int,
 def _check(mode: str, model: str, data: str | None, overrides: dict[str, Any]) -> str:
     """Check the trials' model and settings in this process; returns their run directory's name."""
     if mode == "infer":
-        from ..model import resolve_model
+        from ..resolve import resolve_model
         from .infer import settings
 
         resolve_model(model)
