@@ -44,8 +44,7 @@ INFER_OPTIONS = {
 def resolve_weights(weights: str | None, size: str | None) -> str:
     """The model name to train: --weights by the model-name rules, --size where it applies."""
     from ..errors import ConfigError
-    from ..families import REGISTRY
-    from ..names import arch_name, parse_family, parse_size
+    from ..families import REGISTRY, arch_name, parse_family, parse_size
 
     spec = REGISTRY[DEFAULT_FAMILY] if weights is None else parse_family(weights)
     if spec is not None:  # absent, or a family name: --size picks the size
