@@ -52,9 +52,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
 from .atomic import atomic_path
 from .errors import ConfigError, LibreYOLOError
+from .version import __version__
 
 log = logging.getLogger("libreyolo")
 

@@ -12,9 +12,9 @@ import sys
 
 import typer
 
-from .. import __version__
 from ..errors import ConfigError, LibreYOLOError
 from ..logs import setup_logging
+from ..version import __version__
 from .common import EXTRA, process_rank, user_errors
 from .export import EXPORT_HELP, export_command
 
