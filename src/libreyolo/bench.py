@@ -197,8 +197,8 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
     """One arm, in this process (called in a fresh subprocess by `bench_step`)."""
     import torch
 
+    from . import markers
     from .engine.step import train_step
-    from .profiler import markers
     from .profiler.analyze import gpu_intervals, union_length
 
     ctx, batch, meta = load_arm(workdir, arm)

@@ -9,9 +9,8 @@ import types
 import pytest
 from testkit import shapes_subset
 
-from libreyolo import LibreYOLO
+from libreyolo import LibreYOLO, markers
 from libreyolo.profiler import analyze as A
-from libreyolo.profiler import markers
 from libreyolo.profiler.analyze import analyse_window
 from libreyolo.profiler.artifacts import FILES, load_profile
 from libreyolo.profiler.report import print_report

@@ -23,7 +23,7 @@ from ..atomic import write_json_atomic
 from ..config import TrainConfig
 from ..families import arch_name
 from ..families.base import FamilySpec
-from ..profiler.markers import phase
+from ..markers import phase
 from ..tasks.base import TaskSpec
 from . import checkpoint as ckpt_io
 from . import distributed

@@ -70,7 +70,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from pathlib import Path
 
-from .markers import PHASES_BY_MODE
+from ..markers import PHASES_BY_MODE
 
 BUSY_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})

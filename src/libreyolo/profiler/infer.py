@@ -41,9 +41,9 @@ from torch import Tensor
 from ..config import FIELDS
 from ..engine.run import Hook
 from ..errors import ConfigError, DataError, LibreYOLOError
+from ..markers import phase
 from ..predict.options import KEYS as PREDICT
 from ..predict.post import PostOptions
-from .markers import phase
 
 log = logging.getLogger("libreyolo")
 

@@ -51,9 +51,9 @@ from typing import Any
 
 import torch
 
+from .. import markers
 from ..engine.run import Hook
 from . import analyze as A
-from . import markers
 
 log = logging.getLogger("libreyolo")
 
