@@ -325,7 +325,7 @@ def test_profile_run_and_bench_step_autotune_alike(tiny_data, asked, autotunes):
     there (a profile run's own few steps would leave cuDNN untuned), an explicit false does not."""
     from libreyolo.config import build_config
     from libreyolo.engine.builder import steady_autotune
-    from libreyolo.profiler.repeat import plan
+    from libreyolo.profile_run import plan
 
     user = plan(LibreYOLO("yolo9-t"), tiny_data, {**FAST, **asked})
     assert user["cudnn_benchmark"] is autotunes

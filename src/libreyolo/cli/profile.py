@@ -96,7 +96,7 @@ def run(ctx: typer.Context,
     check_model(weights)  # before resolve_weights imports torch: a missing file answers instantly
     check_data(data)
     model = resolve_weights(weights, size)
-    from ..profiler.repeat import run_once, run_trials
+    from ..profile_run import run_once, run_trials
 
     if repeat == 1:
         _show_profile(run_once(model, data, overrides), as_json)
@@ -142,9 +142,9 @@ def infer(ctx: typer.Context,
             raise ConfigError(f"'{key}' is not a key=value of profile infer: {INFER_OPTIONS[key]}")
     check_model(model)  # before torch is imported: a missing file answers instantly
     check_source(source)
+    from ..profile_run import run_trials
     from ..profiler.infer import KEYS
     from ..profiler.infer import run_once as infer_once
-    from ..profiler.repeat import run_trials
 
     overrides = parse_overrides(ctx.args, allowed=set(KEYS) - set(INFER_OPTIONS))
     overrides.update({"batch": batch, **({"imgsz": imgsz} if imgsz is not None else {}),
