@@ -9,34 +9,8 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ModelNameError
 from ..names import arch_name, flat, parse_size, weights_name  # noqa: F401 (re-exported)
-from .base import FamilySpec
-
-REGISTRY: dict[str, FamilySpec] = {}
-
-
-def register(spec: FamilySpec) -> FamilySpec:
-    for name in (spec.name, *spec.aliases):
-        taken = _by_name(name)
-        if taken is not None:
-            raise ValueError(f"family name '{name}' of {spec.name} is already used by {taken.name}")
-    REGISTRY[spec.name] = spec
-    return spec
-
-
-def _by_name(name: str) -> FamilySpec | None:
-    for spec in REGISTRY.values():
-        if name in (spec.name, *spec.aliases):
-            return spec
-    return None
-
-
-def get_family(name: str) -> FamilySpec:
-    spec = _by_name(name)
-    if spec is None:
-        raise ModelNameError(f"unknown family '{name}' (known: {', '.join(REGISTRY)})")
-    return spec
+from .base import REGISTRY, FamilySpec, get_family, register  # noqa: F401 (re-exported)
 
 
 def parse_official(file_name: str) -> tuple[FamilySpec, str] | None:
