@@ -49,7 +49,7 @@ log = logging.getLogger("libreyolo")
 
 DEFAULT_IMAGES = 32
 # The graph is captured at the first batch: with one skipped step the capture stays out of the
-# window (a timed step that captured would be left out of the step time, window._mark_kind).
+# window (a timed step that captured would be left out of the step time, assemble.mark_kind).
 GRAPH_SKIP = 1
 # The keys `profile infer` takes: predict's (predict/options.py KEYS), then the window and the output.
 PREDICT_KEYS = ("source", "batch", "imgsz", "device", "amp", "amp_dtype", "cuda_graph", "conf", "iou", "max_det")
