@@ -199,7 +199,7 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
 
     from . import markers
     from .engine.step import train_step
-    from .profiler.analyze import gpu_intervals, union_length
+    from .profiler.trace import gpu_intervals, union_length
 
     ctx, batch, meta = load_arm(workdir, arm)
     device = ctx.device

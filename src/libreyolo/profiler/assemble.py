@@ -19,7 +19,9 @@ import time
 import torch
 
 from . import analyze as A
+from . import trace as T
 from .instruments import AllocatorWatch, Recorder
+from .verdict import THRESHOLDS
 
 KERNEL_ROWS = 50  # kept in profile.json; the report shows the top 10
 
@@ -34,7 +36,7 @@ def trace_clock(clock: tuple[float, int], trace: dict, anchors: list[tuple[float
     def raw(p: float) -> float:
         return origin_us + (p - perf0) * 1e6
 
-    corr = A.clock_correction(trace, [(raw(a), raw(b)) for a, b in anchors])
+    corr = T.clock_correction(trace, [(raw(a), raw(b)) for a, b in anchors])
     return lambda p: raw(p) + corr
 
 def step_records(rec: Recorder, window: list[dict], clock: tuple[float, int], trace: dict) -> list[dict]:
@@ -113,7 +115,7 @@ def allocator_figures(watch: AllocatorWatch | None, trace: dict, steps: list[dic
     d = watch.total
     n = sum(s["half"] in (0, 1) and not s["captured"] for s in steps)
     first = [(s["ts"], s["cpu_end"]) for s in steps if s["half"] == 1 and not s["captured"]]
-    calls = A.alloc_calls(trace, first)
+    calls = T.alloc_calls(trace, first)
     trace_calls = sum(c for c, _ in calls) / max(len(first), 1)
     counter_calls = (d["allocs"] + d["frees"]) / max(n, 1)
     props = torch.cuda.get_device_properties(watch.device)
@@ -138,13 +140,13 @@ def host_op_figures(cuda: bool, window: list[dict], clock: tuple[float, int], ti
             return None
         us = trace_clock(clock, ops_trace)
         spans = [(us(w["t_before"]), us(w["t_after"])) for w in ops]
-        table = A.host_ops(ops_trace, A.step_threads(ops_trace, tid), spans, len(ops))
+        table = T.host_ops(ops_trace, T.step_threads(ops_trace, tid), spans, len(ops))
         source = (f"{len(ops)} op steps after the window, recorded with CPU activity only (their own "
                   f"profiler session: CPU-op recording roughly doubles a launch-bound step)")
     else:
         first = [s for s in steps if s["half"] == 1]
         spans = [(next(p["end"] for p in s["phases"] if p["name"] == "data"), s["cpu_end"]) for s in first]
-        table = A.host_ops(trace, A.step_threads(trace, tid), spans, len(first))
+        table = T.host_ops(trace, T.step_threads(trace, tid), spans, len(first))
         source = f"the {len(first)} recorded unsynchronised steps (a CPU window records CPU ops)"
     return {"source": source, **table}
 
@@ -186,8 +188,8 @@ def assemble(trainer, steps: list[dict], trace: dict, tid: int, window: dict, ov
     device = trainer.device
     cuda = device.type == "cuda"
     index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
-    events = A.busy_events(trace, index)
-    syncs = A.sync_times(trace, tid)
+    events = T.busy_events(trace, index)
+    syncs = T.sync_times(trace, tid)
     # The syncs a training step makes by design (the DETRs' denoising count and matcher) are named,
     # not held against the step.
     designed = float(getattr(getattr(trainer, "model", None), "host_syncs", 0)) if cuda and mode == "train" else 0.0
@@ -210,7 +212,7 @@ def assemble(trainer, steps: list[dict], trace: dict, tid: int, window: dict, ov
                 "device": run["device_name"], "overhead_frac": A.finite(overhead["fraction"])}
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "run": run, "window": window,
-            "headline": headline, "verdict": v, "utilisation": figures, "thresholds": dict(A.THRESHOLDS),
+            "headline": headline, "verdict": v, "utilisation": figures, "thresholds": dict(THRESHOLDS),
             "phases": A.phase_table(steps, mode), "kernels": _kernel_table(trace, events, steps, cuda, tid),
             "capture": _capture_table(trainer, steps, events, cuda, mode), "host_ops": host_ops,
             "steps": [A.public_step(s) for s in steps], "memory": memory, "overhead": overhead}
@@ -221,12 +223,12 @@ def _kernel_table(trace: dict, events: list[dict], steps: list[dict], cuda: bool
     spans = [(s["ts"], s["cpu_end"]) for s in steps if s["half"] > 0]
     if cuda:
         kernels = [e for e in events if e["cat"] == "kernel"]
-        rows = ((e["name"], e["end"] - e["ts"]) for g in A.launched_in(kernels, spans) for e in g)
+        rows = ((e["name"], e["end"] - e["ts"]) for g in T.launched_in(kernels, spans) for e in g)
     else:
-        ops = A.top_level(A.cpu_ops(trace, tid))
-        rows = ((ev["name"], float(ev.get("dur", 0))) for g in A.launched_in(
+        ops = T.top_level(T.cpu_ops(trace, tid))
+        rows = ((ev["name"], float(ev.get("dur", 0))) for g in T.launched_in(
             [{**ev, "launch": float(ev["ts"])} for ev in ops], spans) for ev in g)
-    return {"kind": "kernel" if cuda else "cpu_op", "rows": A.aggregate(rows, KERNEL_ROWS)}
+    return {"kind": "kernel" if cuda else "cpu_op", "rows": T.aggregate(rows, KERNEL_ROWS)}
 
 
 def _capture_table(trainer, steps: list[dict], events: list[dict], cuda: bool, mode: str) -> dict:
@@ -260,11 +262,11 @@ def _capture_table(trainer, steps: list[dict], events: list[dict], cuda: bool, m
     out["busy_ms"] = out["kernels_per_step"] = None
     if cuda and first and any(spans):
         flat = sorted((lo, hi, i) for i, ss in enumerate(spans) for lo, hi in ss)
-        groups = A.launched_in(events, [(lo, hi) for lo, hi, _ in flat])
+        groups = T.launched_in(events, [(lo, hi) for lo, hi, _ in flat])
         per_step: list[list[dict]] = [[] for _ in first]
         for (_, _, i), g in zip(flat, groups):
             per_step[i] += g
-        out["busy_ms"] = statistics.fmean(A.union_length((e["ts"], e["end"]) for e in g) / 1e3 for g in per_step)
+        out["busy_ms"] = statistics.fmean(T.union_length((e["ts"], e["end"]) for e in g) / 1e3 for g in per_step)
         out["kernels_per_step"] = statistics.fmean(sum(e["cat"] == "kernel" for e in g) for g in per_step)
     return out
 

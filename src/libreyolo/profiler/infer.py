@@ -3,7 +3,7 @@
 The profiler hook (window.py) measures any loop that calls its events the way the Trainer does and
 carries the attributes it reads. `InferenceLoop` is such a loop around predict's own `Predictor`,
 so an inference profile gets the same window, verdict rules, four artifacts and report as a
-training one; `mode = "infer"` selects the inference phases and levers (analyze.py). One step:
+training one; `mode = "infer"` selects the inference phases and levers (verdict.py). One step:
 
 - `data`: the next batch of prepared images from predict's own pipeline (Predictor._prepared):
   `workers` threads decode each image and letterbox it (classifiers: centre-crop) a few batches

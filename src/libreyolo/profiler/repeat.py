@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from .analyze import stats
 from .artifacts import REPEAT_SCHEMA, SCHEMA_VERSION
+from .trace import stats
 
 FIGURES = ("step_ms_mean", "step_ms_std", "utilisation", "kernel_busy_ms", "data_wait_ms", "data_wait_frac",
            "syncs_per_step", "peak_memory_mb", "overhead_frac")

@@ -54,7 +54,7 @@ import torch
 
 from .. import markers
 from ..engine.run import Hook
-from . import analyze as A
+from . import trace as T
 from .assemble import allocator_figures, assemble, host_op_figures, overhead, step_records
 from .instruments import AllocatorWatch, Recorder, RegionTimer, clock_pair
 
@@ -271,7 +271,7 @@ class ProfilerHook(Hook):
         raw = Path(run_dir) / ".profile_trace.kineto.json"
         try:
             self.prof.export_chrome_trace(str(raw))
-            return A.load_trace(raw)
+            return T.load_trace(raw)
         finally:
             raw.unlink(missing_ok=True)
             self.prof = None
