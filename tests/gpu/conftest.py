@@ -6,16 +6,16 @@ file of tests/gpu is in exactly one lane (tests/unit/test_gpu_lanes.py holds the
 The sizes, from the H200 logs in benchmarks/results/h200/ (gpu_tests_*.txt). Those logs hold
 totals, not per-test durations, so the sizes are estimates; a lane now prints its slowest tests
 (`--durations`), and its log is what the next rebalancing reads.
-- profiler (about 6.5 min): seven `profile run` processes (the eager and graphed windows, two more
-  eager ones for the agreement test's median, three planted faults) and six `bench step`
+- profiler (about 6.5 min): seven `profile run` processes (the eager and graphed windows, two
+  more eager ones for the agreement test's median, three planted faults) and six `bench step`
   processes (two arms, three repeats); the agreement test and its fixtures alone took 258 s
-  (gpu_tests_session11.txt). It runs alone: its figures are timings, which another lane's
-  processes on the same host would move.
+  (gpu_tests_profile_bench_agreement_2026-12-02.txt). It runs alone: its figures are timings,
+  which another lane's processes on the same host would move.
 - train, models, predict (about 3-4 min each): a run of the whole suite in one 6.5-minute call
   got through 119 of its 142 tests, every test of the train, models and predict files but the
-  step, segmentation and RTMDet ones and one of profile infer's two (about 1.5 min together: gpu_tests_full.txt ran the graph,
-  step, family, RTMDet and three profiler tests in 217 s; gpu_tests_dense.txt the segmentation,
-  LingBot and FOMO files in 102 s).
+  step, segmentation and RTMDet ones and one of profile infer's two. Those took about 1.5 min
+  more: gpu_tests_full.txt ran the graph, step, family, RTMDet and three profiler tests in 217 s,
+  gpu_tests_dense.txt the segmentation, LingBot and FOMO files in 102 s.
 """
 
 from __future__ import annotations
