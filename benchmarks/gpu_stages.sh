@@ -11,6 +11,8 @@
 #
 # Stages:
 #   tests            every @pytest.mark.gpu test (tests/gpu); TESTS_K=EXPR selects (pytest -k)
+#   tests:LANE       one lane of them (train, models, predict, profiler: tests/gpu/conftest.py), what
+#                    `make test-gpu LANE=...` runs; its log is gpu_tests_LANE.txt
 #   profile          `libreyolo profile run` YOLOv9-t batch 8 at 640 float16, eager and graphed
 #   bench-t8         bench step YOLOv9-t batch 8: fp32 / float16 / bfloat16, each eager and graphed,
 #                    and float16 in NCHW (channels_last=false), eager and graphed
@@ -141,9 +143,10 @@ detrs="rtdetr-r18 rtdetrv2-r18 dfine-n dfine-s deim-n deim-s rtdetrv4-s"
 
 stage_run() {
   case "$1" in
-    tests)
-      python3 -m pytest -q -m gpu tests/gpu -rA -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} 2>&1 \
-        | tee "$out/gpu_tests.txt" | tail -60 ;;
+    tests|tests:*)
+      lane=${1#tests}; lane=${lane#:}
+      python3 -m pytest -q -m gpu tests/gpu -rA -p no:cacheprovider ${lane:+--lane "$lane"} --durations=0 \
+        --durations-min=1 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$out/gpu_tests${lane:+_$lane}.txt" | tail -60 ;;
     profile)
       for arm in eager graph; do
         extra=""; [ "$arm" = graph ] && extra="cuda_graph=true"

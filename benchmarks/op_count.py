@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from libreyolo.profiler import markers
+from libreyolo import markers
 
 VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "unsqueeze", "squeeze", "unbind", "split",
                    "split_with_sizes", "chunk", "select", "slice", "transpose", "t", "permute", "detach",
@@ -46,7 +46,7 @@ class PhaseCounter(TorchDispatchMode):
         self.by_name: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 
     @contextlib.contextmanager
-    def phase(self, name: str):  # the recorder interface of profiler.markers
+    def phase(self, name: str):  # the recorder interface of libreyolo.markers
         outer, self.current = self.current, name
         try:
             yield

@@ -1,6 +1,7 @@
 """LibreYOLO: train object detectors fast, and know why a run is slow."""
 
-__version__ = "0.1.0"
+from .version import __version__
+
 __all__ = ["LibreYOLO", "__version__"]
 
 

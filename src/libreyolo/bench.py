@@ -123,7 +123,8 @@ def prepare(user: dict[str, Any], workdir: Path, arms: list[str] | None = None) 
     from .config import build_config
     from .engine.builder import build_model
     from .engine.device import select_device
-    from .model import LibreYOLO, check_batch, checking_inputs
+    from .logs import checking_inputs
+    from .model import LibreYOLO, check_batch
     from .tasks import task_for
 
     lib = LibreYOLO(user["model"])
@@ -196,9 +197,9 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
     """One arm, in this process (called in a fresh subprocess by `bench_step`)."""
     import torch
 
+    from . import markers
     from .engine.step import train_step
-    from .profiler import markers
-    from .profiler.analyze import gpu_intervals, union_length
+    from .profiler.trace import gpu_intervals, union_length
 
     ctx, batch, meta = load_arm(workdir, arm)
     device = ctx.device

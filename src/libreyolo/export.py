@@ -52,9 +52,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
 from .atomic import atomic_path
 from .errors import ConfigError, LibreYOLOError
+from .version import __version__
 
 log = logging.getLogger("libreyolo")
 
@@ -125,7 +125,7 @@ def export_model(model: str, *, format: str = "onnx", imgsz: int | None = None, 
                  dynamic: bool = False, opset: int | None = None, device: str = "cpu",
                  output: str | Path | None = None, check: bool = True, **unknown: Any) -> ExportResult:
     """Export `model` (a checkpoint file, an official weights name or an architecture name, as
-    `model.resolve_model` reads it) as `format` and return what was written.
+    `resolve.resolve_model` reads it) as `format` and return what was written.
 
     imgsz: the square input size; default the checkpoint's training size, else the family's
     default (640 detectors, 224 classifiers). batch: the input's batch size; with `dynamic` the
@@ -142,7 +142,8 @@ def export_model(model: str, *, format: str = "onnx", imgsz: int | None = None, 
 
         raise ConfigError(unknown_key_message(next(iter(unknown)), EXPORT_KEYS))
     format = _check_request(format, imgsz, batch, dynamic, opset, device, check)
-    from .model import checking_inputs, resolve_model
+    from .logs import checking_inputs
+    from .resolve import resolve_model
 
     with checking_inputs():  # a refused request prints its one line and nothing before it
         source = resolve_model(model)
@@ -252,7 +253,7 @@ class _Built:
 
 def _build(source, imgsz: int | None, device: str) -> _Built:
     from .engine.builder import build_model
-    from .model import inference_setup
+    from .resolve import inference_setup
 
     task, names, imgsz, target = inference_setup(source, imgsz, device, "export")
     model = build_model(source, len(names), exact=True).float().eval().to(target)

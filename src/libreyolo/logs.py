@@ -80,3 +80,30 @@ def progress_bar(items: Iterable, enabled: bool, description: str, total: int | 
                 bar.advance(task)
 
         yield advance()
+
+
+class _Held(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def checking_inputs():
+    """Hold back the log lines of the input checks (scan counts, precision, ...) until they pass.
+
+    A command that fails on its inputs then prints its one error line and nothing before it; one
+    that passes prints the held lines, in order, as if nothing had been held."""
+    logger = logging.getLogger(LOGGER)
+    held = _Held()
+    saved = logger.handlers, logger.propagate
+    logger.handlers, logger.propagate = [held], False
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = saved
+    for record in held.records:  # reached only when the checks passed
+        logger.handle(record)

@@ -155,10 +155,14 @@ def test_cfg_of_a_model_shows_its_defaults_and_where_they_come_from(inproc):
 
 
 def test_version(cli):
+    from pathlib import Path
+
     from libreyolo import __version__
 
     result = cli("--version")
     assert result.returncode == 0 and result.stdout.strip() == f"libreyolo {__version__}"
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'\nversion = "{__version__}"\n' in pyproject  # version.py follows [project] version
 
 
 def test_hyperparameters_doc_is_generated():

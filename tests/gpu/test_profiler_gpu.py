@@ -57,7 +57,7 @@ def planted(self, preds, targets):
         print("fraction plant:", peak / 2**20, reserved / 2**20, file=sys.stderr)
     return loss, items
 YOLO9Loss.__call__ = planted
-from libreyolo.profiler.repeat import run_once
+from libreyolo.profile_run import run_once
 print(run_once("yolo9-t", "shapes", {"batch": 8, "nbs": 8, "imgsz": 640, "amp": True, "amp_dtype": "float16",
                                      "workers": 8, "cache": "ram", "cuda_graph": kind == "graph",
                                      "project": sys.argv[2], "name": kind}))

@@ -7,7 +7,7 @@ import pytest
 
 from libreyolo.eval.coco import coco_evaluator
 from libreyolo.eval.details import details, greedy_pairs, match
-from libreyolo.eval.table import print_class_table
+from libreyolo.tasks import get_task
 
 NAMES = ["cat", "dog", "<b>bird</b>"]
 
@@ -95,7 +95,7 @@ def test_class_table_plain_in_a_log():
     out, ev = _details(gt, dets)
     out.update(map50=float(ev.stats[1]), map50_95=float(ev.stats[0]), num_images=2)
     buf = io.StringIO()
-    print_class_table(out, file=buf)
+    get_task("detect").report(out, file=buf)  # what val prints
     lines = buf.getvalue().splitlines()
     assert "\x1b[" not in buf.getvalue()
     assert lines[0].split() == ["class", "images", "instances", "P", "R", "mAP50", "mAP50-95"]

@@ -361,13 +361,13 @@ def test_a_family_inherits_its_parents_recipe_and_names_where_each_value_comes_f
     parent = dataclasses.replace(base, name="parent", aliases=(), inherits="grand", defaults={"lr0": 0.2, "clip_grad": 0.1})
     child = dataclasses.replace(base, name="child", aliases=(), inherits="parent", defaults={"mixup": 0.0},
                                 size_defaults={"s": {"clip_grad": 1.0}})
-    monkeypatch.setattr(families, "REGISTRY", {"grand": grand, "parent": parent, "child": child})
+    monkeypatch.setattr(families.base, "REGISTRY", {"grand": grand, "parent": parent, "child": child})  # get_family's
     got = child.default_sources("s")
     assert got["amp"] == (False, "grand") and got["lr0"] == (0.2, "parent") and got["mixup"] == (0.0, "child")
     assert got["clip_grad"] == (1.0, "child-s") and got["task"] == ("detect", "child")
     assert child.defaults_for("t")["clip_grad"] == 0.1
     loop = dataclasses.replace(grand, inherits="child")
-    monkeypatch.setattr(families, "REGISTRY", {"grand": loop, "parent": parent, "child": child})
+    monkeypatch.setattr(families.base, "REGISTRY", {"grand": loop, "parent": parent, "child": child})
     with pytest.raises(ValueError, match="inherits from itself"):
         child.default_sources("s")
 

@@ -1,7 +1,8 @@
-"""names.py: official weights names, family and size spellings, and the torch-free missing-file rule."""
+"""Model names: official weights names and family spellings (the registry's look-ups, families/__init__.py),
+size spellings and the torch-free missing-file rule (names.py)."""
 
-from libreyolo.families import get_family
-from libreyolo.names import is_missing_weights, parse_family, parse_official, parse_size
+from libreyolo.families import get_family, parse_family, parse_official
+from libreyolo.names import is_missing_weights, parse_size
 
 YOLO9, YOLOX = get_family("yolo9"), get_family("yolox")
 

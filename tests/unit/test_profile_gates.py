@@ -8,8 +8,8 @@ import pytest
 from testkit import make_profile
 
 from libreyolo.errors import ConfigError
-from libreyolo.profiler import analyze
 from libreyolo.profiler import gates as G
+from libreyolo.profiler import verdict
 from libreyolo.profiler.artifacts import summary
 from libreyolo.profiler.repeat import aggregate
 
@@ -24,7 +24,7 @@ def holds(text: str, figures=FIGS, a=None) -> bool:
 def test_fields_are_the_summary_keys():
     assert set(G.FIELDS) == set(FIGS) - {"schema", "schema_version"}
     assert set(G.ALIASES.values()) <= set(G.FIELDS)
-    names = set(re.findall(r'"name": "([a-z-]+)"', inspect.getsource(analyze)))  # verdict and its helpers
+    names = set(re.findall(r'"name": "([a-z-]+)"', inspect.getsource(verdict)))  # the verdict and its helpers
     assert names == set(G.VERDICTS)
 
 

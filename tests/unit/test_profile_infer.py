@@ -9,9 +9,9 @@ import time
 import pytest
 from testkit import make_profile
 
+from libreyolo import markers
 from libreyolo.errors import ConfigError, DataError
 from libreyolo.predict.options import KEYS
-from libreyolo.profiler import markers
 from libreyolo.profiler.analyze import analyse_window, verdict
 from libreyolo.profiler.artifacts import FILES, load_profile, summary
 from libreyolo.profiler.infer import InferenceLoop, image_files, run_once, settings

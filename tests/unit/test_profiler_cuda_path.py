@@ -14,8 +14,8 @@ import types
 import pytest
 import torch
 
+from libreyolo import markers
 from libreyolo.families.base import CapturePlan
-from libreyolo.profiler import markers
 from libreyolo.profiler.artifacts import load_profile
 from libreyolo.profiler.window import OPS_STEPS, ProfilerHook
 

@@ -9,9 +9,8 @@ import types
 import pytest
 from testkit import shapes_subset
 
-from libreyolo import LibreYOLO
+from libreyolo import LibreYOLO, markers
 from libreyolo.profiler import analyze as A
-from libreyolo.profiler import markers
 from libreyolo.profiler.analyze import analyse_window
 from libreyolo.profiler.artifacts import FILES, load_profile
 from libreyolo.profiler.report import print_report
@@ -290,31 +289,30 @@ def test_the_verdict_reads_the_timed_steps_time_and_the_recorded_steps_kernels()
 
 
 def _steps(*rows):
-    """Window step records as window._measure leaves them: (half, wall ms, replayed, captured)."""
+    """Window step records as assemble.step_records leaves them: (half, wall ms, replayed, captured)."""
     return [{"half": h, "wall_ms": ms, "replayed": r, "captured": c} for h, ms, r, c in rows]
 
 
 def test_overhead_compares_recorded_with_timed_steps_of_the_same_kind():
-    from libreyolo.profiler.window import _mark_kind
+    from libreyolo.profiler.assemble import mark_kind, overhead
 
-    hook = ProfilerHook(skip=2, steps=6)
     # A graphed window: the first timed step captures (and replays), the rest replay.
     steps = _steps((0, 900.0, True, True), (0, 20.0, True, False), (0, 20.0, True, False),
                    (1, 22.0, True, False), (1, 22.0, True, False), (1, 23.0, True, False), (2, 30.0, True, False))
-    _mark_kind(steps)
+    mark_kind(steps)
     assert [s["excluded"] for s in steps] == [True] + [False] * 6
-    o = hook._overhead(steps)
+    o = overhead(steps)
     assert o["graphed"] is True and o["reference_ms"] == [20.0, 20.0] and o["profiled_ms"] == [22.0, 22.0, 23.0]
     assert o["fraction"] == pytest.approx(0.1)
     # Eager: every step is of the window's kind, the slow first one included (a median reads past it).
     steps = _steps((0, 900.0, False, False), (0, 20.0, False, False), (0, 20.0, False, False), (1, 22.0, False, False))
-    _mark_kind(steps)
-    o = hook._overhead(steps)
+    mark_kind(steps)
+    o = overhead(steps)
     assert o["graphed"] is False and o["reference_ms"] == [900.0, 20.0, 20.0] and o["fraction"] == pytest.approx(0.1)
     # Graphed recorded steps, but every timed step still eager (the capture came late): nothing to compare.
     steps = _steps((0, 40.0, False, False), (0, 900.0, True, True), (1, 22.0, True, False), (1, 22.0, True, False))
-    _mark_kind(steps)
-    o = hook._overhead(steps)
+    mark_kind(steps)
+    o = overhead(steps)
     assert o["fraction"] is None and o["reference_ms"] == [] and "raise profile_skip" in o["note"]
 
 
@@ -326,7 +324,7 @@ def test_profile_run_and_bench_step_autotune_alike(tiny_data, asked, autotunes):
     there (a profile run's own few steps would leave cuDNN untuned), an explicit false does not."""
     from libreyolo.config import build_config
     from libreyolo.engine.builder import steady_autotune
-    from libreyolo.profiler.repeat import plan
+    from libreyolo.profile_run import plan
 
     user = plan(LibreYOLO("yolo9-t"), tiny_data, {**FAST, **asked})
     assert user["cudnn_benchmark"] is autotunes

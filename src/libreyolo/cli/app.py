@@ -1,25 +1,22 @@
-"""`libreyolo` command line: train, val, cfg, bench, data.
+"""`libreyolo` command line: train, val, predict, export, cfg, data, and the bench and profile groups.
 
-User mistakes print one line (`error: ...`) on stderr and exit 2, without a traceback;
-`LIBREYOLO_DEBUG=1` re-raises so the traceback shows.
+User mistakes print one line (`error: ...`) on stderr and exit 2, without a traceback
+(common.py's `user_errors`); `LIBREYOLO_DEBUG=1` re-raises so the traceback shows.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
-from collections.abc import Callable
 
 import typer
 
-from .. import __version__
 from ..errors import ConfigError, LibreYOLOError
 from ..logs import setup_logging
+from ..version import __version__
+from .common import EXTRA, process_rank, user_errors
 from .export import EXPORT_HELP, export_command
-
-EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -36,44 +33,6 @@ def _version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """Train object detectors fast, and know why a run is slow."""
-
-
-def one_line(text: str) -> str:
-    """The message as one printable line: a file name or a yaml value from the user may hold a
-    newline or a terminal escape, which must neither split the line nor reach the terminal."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())
-
-
-def user_errors(fn: Callable) -> Callable:
-    """Turn LibreYOLOError into one stderr line + exit 2 (traceback only with LIBREYOLO_DEBUG=1)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except LibreYOLOError as exc:
-            if os.environ.get("LIBREYOLO_DEBUG"):
-                raise
-            # Under torchrun every process meets the same inputs: rank 0 says the line; another
-            # rank only what is its own (its device ran out of memory).
-            rank = _rank()
-            if not rank or getattr(exc, "per_rank", False):
-                typer.echo(f"error: {f'rank {rank}: ' if rank else ''}{one_line(str(exc))}", err=True)
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            if not _rank():
-                typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
-
-    return wrapper
-
-
-def _rank() -> int:
-    """This process's rank under torchrun (RANK), 0 otherwise; read without importing torch."""
-    try:
-        return int(os.environ.get("RANK") or 0)
-    except ValueError:
-        return 0
 
 
 # The keys `train --help` shows with their defaults: what most runs set (`libreyolo cfg` lists all).
@@ -154,7 +113,7 @@ def train(ctx: typer.Context,
     if code is not None:
         raise typer.Exit(code)
     result = LibreYOLO(model).train(**args)
-    if _rank():
+    if process_rank():
         return  # rank 0 prints the result
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
     typer.echo(f"done: {result.epochs_run} epochs, results in {result.run_dir}"
@@ -316,7 +275,7 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
     if model is not None:
         if markdown:
             raise ConfigError("--markdown prints the generic tables of docs/hyperparameters.md; leave out the model")
-        from ..model import arch_of
+        from ..resolve import arch_of
 
         spec, size = arch_of(model.removeprefix("model="))
         # A long-run key is the family's only in runs recipe=auto finds long (engine/recipe.py).

@@ -6,7 +6,8 @@ import json
 
 import typer
 
-from .app import EXTRA, setup_logging, user_errors
+from ..logs import setup_logging
+from .common import EXTRA, user_errors
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                         help="Benchmarks whose figures the docs quote.")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from .app import EXTRA, setup_logging, user_errors
+from ..logs import setup_logging
+from .common import EXTRA, user_errors
 
 data_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                        help="Look at a detection dataset (check) or change its format (convert).")

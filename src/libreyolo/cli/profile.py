@@ -13,7 +13,8 @@ import sys
 
 import typer
 
-from .app import EXTRA, setup_logging, user_errors
+from ..logs import setup_logging
+from .common import EXTRA, user_errors
 
 profile_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                           context_settings={"help_option_names": ["-h", "--help"]},
@@ -43,8 +44,7 @@ INFER_OPTIONS = {
 def resolve_weights(weights: str | None, size: str | None) -> str:
     """The model name to train: --weights by the model-name rules, --size where it applies."""
     from ..errors import ConfigError
-    from ..families import REGISTRY
-    from ..names import arch_name, parse_family, parse_size
+    from ..families import REGISTRY, arch_name, parse_family, parse_size
 
     spec = REGISTRY[DEFAULT_FAMILY] if weights is None else parse_family(weights)
     if spec is not None:  # absent, or a family name: --size picks the size
@@ -54,7 +54,7 @@ def resolve_weights(weights: str | None, size: str | None) -> str:
         return arch_name(spec, wanted)
     if size is None:
         return weights
-    from ..model import resolve_model
+    from ..resolve import resolve_model
 
     source = resolve_model(weights)
     if parse_size(source.spec, size) != source.size:
@@ -96,7 +96,7 @@ def run(ctx: typer.Context,
     check_model(weights)  # before resolve_weights imports torch: a missing file answers instantly
     check_data(data)
     model = resolve_weights(weights, size)
-    from ..profiler.repeat import run_once, run_trials
+    from ..profile_run import run_once, run_trials
 
     if repeat == 1:
         _show_profile(run_once(model, data, overrides), as_json)
@@ -142,9 +142,9 @@ def infer(ctx: typer.Context,
             raise ConfigError(f"'{key}' is not a key=value of profile infer: {INFER_OPTIONS[key]}")
     check_model(model)  # before torch is imported: a missing file answers instantly
     check_source(source)
+    from ..profile_run import run_trials
     from ..profiler.infer import KEYS
     from ..profiler.infer import run_once as infer_once
-    from ..profiler.repeat import run_trials
 
     overrides = parse_overrides(ctx.args, allowed=set(KEYS) - set(INFER_OPTIONS))
     overrides.update({"batch": batch, **({"imgsz": imgsz} if imgsz is not None else {}),

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
+from .dataconfig import DataConfig
 
 log = logging.getLogger("libreyolo")
 
@@ -201,7 +202,6 @@ def _few(ids: list[int]) -> str:
 # --- the two forms -----------------------------------------------------------------------------------
 def load_coco_yaml(raw: dict, yaml_path: Path, root: Path, name: str):
     """A dataset yaml with `train: {images: DIR, annotations: FILE}` (and `val` alike)."""
-    from .dataset_yaml import DataConfig
 
     splits: dict[str, CocoSplit] = {}
     ids = names = None
@@ -232,7 +232,6 @@ def load_coco_yaml(raw: dict, yaml_path: Path, root: Path, name: str):
 
 def load_coco_json(path: Path):
     """`data=` an instances json: its split, and the other split from the sibling json."""
-    from .dataset_yaml import DataConfig
 
     path = path.expanduser()
     if not path.is_file():

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -30,28 +29,9 @@ import yaml
 
 from ..errors import DataError
 from .cache import cache_root
+from .dataconfig import DataConfig
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
-
-
-@dataclass
-class DataConfig:
-    """A resolved dataset: image files of each split, class names, where it came from."""
-
-    name: str
-    yaml_path: Path
-    root: Path
-    train: list[Path]
-    val: list[Path]
-    names: list[str]
-    extra: dict[str, Any] = field(default_factory=dict)  # other yaml keys, untouched
-    # A COCO-json dataset (coco_json.py): class k's category id, and each split's annotations.
-    category_ids: list[int] | None = None
-    annotations: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def nc(self) -> int:
-        return len(self.names)
 
 
 def builtin_names() -> list[str]:

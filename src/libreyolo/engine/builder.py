@@ -26,7 +26,7 @@ log = logging.getLogger("libreyolo")
 
 
 def build_model(source, num_classes: int, *, exact: bool = False) -> nn.Module:
-    """The training model of a resolved model name (`model.ModelSource`) with `num_classes`
+    """The training model of a resolved model name (`resolve.ModelSource`) with `num_classes`
     classes: built from its family, then every checkpoint tensor whose name and shape match
     loaded into it (the EMA weights when the checkpoint has them). A class head of another size
     starts fresh, said in one line. `exact` (validation: same classes) refuses a checkpoint that

@@ -80,7 +80,7 @@ def _cuda(index: int, spec: str) -> torch.device:
 class OutOfMemory(LibreYOLOError):
     """A batch the device cannot hold."""
 
-    per_rank = True  # under DDP each process says it for its own device (cli/app.py)
+    per_rank = True  # under DDP each process says it for its own device (cli/common.py)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

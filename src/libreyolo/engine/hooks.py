@@ -1,16 +1,7 @@
 """Trainer hooks: logging, validation, results.csv and checkpoints are hooks, not loop code.
 
-Call sequence (the trainer calls every hook in list order):
-
-    before_train
-    for each epoch:   before_epoch
-        for each step:    before_step, <step>, after_step
-                      after_epoch
-    after_train
-
-`before_step` and `after_step` run every step: keep them cheap (no host sync; the trainer reads
-the loss back once per log interval and exposes it as `trainer.last_log`). A hook may remove
-itself with `trainer.remove_hook(self)`.
+The hook contract (`Hook`, its call sequence) and what a hook is handed (`Run`, the trainer's
+face to its hooks) are in run.py.
 """
 
 from __future__ import annotations
@@ -19,28 +10,14 @@ import csv
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..atomic import atomic_path
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
+from .run import Hook, Run
 
 log = logging.getLogger("libreyolo")
-
-
-class Hook:
-    def before_train(self, trainer: Trainer) -> None: ...
-    def before_epoch(self, trainer: Trainer) -> None: ...
-    def before_step(self, trainer: Trainer) -> None: ...
-    def after_step(self, trainer: Trainer) -> None: ...
-    def after_epoch(self, trainer: Trainer) -> None: ...
-    def after_train(self, trainer: Trainer) -> None: ...
-    def state_dict(self) -> dict: return {}
-    def load_state_dict(self, state: dict) -> None: ...
 
 
 class ProgressHook(Hook):
@@ -66,7 +43,7 @@ class ProgressHook(Hook):
         self._task = None
         self._shown_log = None
 
-    def before_epoch(self, trainer: Trainer) -> None:
+    def before_epoch(self, trainer: Run) -> None:
         self._t0 = self._last_line = self.clock()
         self._last_line_step = 0
         self._shown_log = trainer.last_log  # the previous epoch's figures are not this epoch's
@@ -79,7 +56,7 @@ class ProgressHook(Hook):
         self.progress.start()
         self._task = self.progress.add_task(_epoch_name(trainer), total=trainer.steps_per_epoch, info="")
 
-    def after_step(self, trainer: Trainer) -> None:
+    def after_step(self, trainer: Run) -> None:
         fresh = trainer.last_log is not self._shown_log  # a read-back just happened
         if fresh:
             self._shown_log = trainer.last_log
@@ -89,7 +66,7 @@ class ProgressHook(Hook):
         elif fresh:
             self._maybe_line(trainer)
 
-    def _maybe_line(self, trainer: Trainer) -> None:
+    def _maybe_line(self, trainer: Run) -> None:
         now, done, total = self.clock(), trainer.batch_index + 1, trainer.steps_per_epoch
         since = now - self._last_line
         if done >= total or since < self.PLAIN_MIN_S:
@@ -102,7 +79,7 @@ class ProgressHook(Hook):
         self._print(f"{_epoch_name(trainer)}  {done}/{total} steps ({100 * done / total:.0f}%)  "
                     f"{_format_log(trainer, metrics=False)}  {_clock(elapsed)} elapsed, ETA {_clock(left)}")
 
-    def after_epoch(self, trainer: Trainer) -> None:
+    def after_epoch(self, trainer: Run) -> None:
         if self.progress is not None:
             self.progress.update(self._task, info=_format_log(trainer))
             self.progress.stop()
@@ -110,7 +87,7 @@ class ProgressHook(Hook):
         else:
             self._print(f"{_epoch_name(trainer)}  {_format_log(trainer)}  {self.clock() - self._t0:.1f}s")
 
-    def after_train(self, trainer: Trainer) -> None:
+    def after_train(self, trainer: Run) -> None:
         if self.progress is not None:  # after_epoch closes every bar; never leave a live display behind
             self.progress.stop()
             self.progress = None
@@ -119,7 +96,7 @@ class ProgressHook(Hook):
         self.console.print(line, markup=False, soft_wrap=True)
 
 
-def _epoch_name(trainer: Trainer) -> str:
+def _epoch_name(trainer: Run) -> str:
     return f"epoch {trainer.epoch + 1}/{trainer.cfg.epochs}"
 
 
@@ -128,7 +105,7 @@ def _clock(seconds: float) -> str:
     return f"{m // 60}:{m % 60:02d}:{s:02d}"
 
 
-def _format_log(trainer: Trainer, metrics: bool = True) -> str:
+def _format_log(trainer: Run, metrics: bool = True) -> str:
     """The figures of the last read-back: loss items, img/s, GPU memory; with `metrics`, the last
     validation's headline metrics (the task's)."""
     parts = [f"{k} {v:.4g}" for k, v in trainer.epoch_losses().items()]
@@ -149,7 +126,7 @@ class ValidationHook(Hook):
     def __init__(self) -> None:
         self.best_fitness, self.best_epoch = -1.0, -1
 
-    def after_epoch(self, trainer: Trainer) -> None:
+    def after_epoch(self, trainer: Run) -> None:
         cfg = trainer.cfg
         last = trainer.epoch + 1 == cfg.epochs
         if not cfg.val or not (last or (trainer.epoch + 1) % cfg.eval_interval == 0):
@@ -182,7 +159,7 @@ class ResultsHook(Hook):
     def __init__(self, validation: ValidationHook | None = None) -> None:
         self.validation = validation
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: Run) -> None:
         self._skipped_before = trainer.precision.skipped_steps()  # a resumed run's count carries on
         path = trainer.run_dir / "results.csv"
         if path.exists():
@@ -198,10 +175,10 @@ class ResultsHook(Hook):
             with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
                 csv.writer(f).writerows(rows[:1] + kept)
 
-    def before_epoch(self, trainer: Trainer) -> None:
+    def before_epoch(self, trainer: Run) -> None:
         self._t0 = time.perf_counter()
 
-    def after_epoch(self, trainer: Trainer) -> None:
+    def after_epoch(self, trainer: Run) -> None:
         row = {"epoch": trainer.epoch + 1}
         row.update({f"train/{k}": round(v, 6) for k, v in trainer.epoch_losses().items()})
         row["lr"] = trainer.optimizer.param_groups[0]["lr"]
@@ -225,10 +202,10 @@ class ResultsHook(Hook):
             log.info(f"epoch {row['epoch']}: float16 loss scaler skipped {new_skips} steps for overflow "
                      f"({row['skipped_steps']} in all)")
 
-    def after_train(self, trainer: Trainer) -> None:
+    def after_train(self, trainer: Run) -> None:
         self._write_page(trainer)
 
-    def _write_page(self, trainer: Trainer) -> None:
+    def _write_page(self, trainer: Run) -> None:
         from ..plots import write_results_html
 
         cfg = trainer.cfg
@@ -249,7 +226,7 @@ class CheckpointHook(Hook):
     def __init__(self, validation: ValidationHook | None = None) -> None:
         self.validation = validation
 
-    def after_epoch(self, trainer: Trainer) -> None:
+    def after_epoch(self, trainer: Run) -> None:
         weights = trainer.run_dir / "weights"
         paths = [weights / "last.pt"]
         if self.validation is not None and self.validation.improved_at(trainer.epoch):

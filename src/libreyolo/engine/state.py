@@ -11,21 +11,19 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import CheckpointError
 from . import checkpoint as ckpt_io
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
+from .run import Run
 
 log = logging.getLogger("libreyolo")
 
 
-def training_state(trainer: Trainer, detached: bool = False) -> dict[str, Any]:
+def training_state(trainer: Run, detached: bool = False) -> dict[str, Any]:
     """The checkpoint's content. With `detached`, nothing in it is shared with the live trainer
     (the optimizer's state tensors and the hooks' states are copied too; the weights always are),
     so another thread can write it while training goes on."""
@@ -50,7 +48,7 @@ def training_state(trainer: Trainer, detached: bool = False) -> dict[str, Any]:
     }
 
 
-def restore_training_state(trainer: Trainer, ckpt: dict) -> None:
+def restore_training_state(trainer: Run, ckpt: dict) -> None:
     """Load `ckpt` into a freshly built trainer; a damaged state is one CheckpointError line."""
     try:
         _restore(trainer, ckpt)
@@ -62,7 +60,7 @@ def restore_training_state(trainer: Trainer, ckpt: dict) -> None:
                               f"({type(exc).__name__}: {str(exc).strip()[:120]})") from None
 
 
-def _restore(trainer: Trainer, ckpt: dict) -> None:
+def _restore(trainer: Run, ckpt: dict) -> None:
     trainer.model.load_state_dict(ckpt["model"])
     if trainer.ema is not None and ckpt.get("ema") is not None:
         trainer.ema.ema.load_state_dict(ckpt["ema"])

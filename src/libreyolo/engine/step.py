@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..profiler.markers import phase
+from ..markers import phase
 from .ema import ModelEMA
 from .precision import Precision
 

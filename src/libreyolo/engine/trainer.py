@@ -23,16 +23,16 @@ from ..atomic import write_json_atomic
 from ..config import TrainConfig
 from ..families import arch_name
 from ..families.base import FamilySpec
-from ..profiler.markers import phase
+from ..markers import phase
 from ..tasks.base import TaskSpec
 from . import checkpoint as ckpt_io
 from . import distributed
 from .builder import build_step_context, cudnn_autotune, place_model, seed_everything, set_cudnn_autotune
 from .device import device_name, out_of_memory_as_error
-from .hooks import Hook
 from .meter import LossMeter
 from .optim import accumulate_steps, resolve_auto
 from .recipe import resolve_recipe
+from .run import Hook
 from .schedule import LRSchedule
 from .state import restore_training_state, training_state
 from .step import train_step
@@ -55,7 +55,8 @@ class TrainResult:
 class Trainer:
     """One training run. `hooks` are the run's hooks in calling order (hooks.default_hooks() plus
     any the entry point adds, the profiler's among them); under multi-process training only rank
-    0 runs them, and the others wait for its decisions at each epoch end."""
+    0 runs them, and the others wait for its decisions at each epoch end. What the hooks and the
+    checkpoint read of it is run.Run."""
 
     def __init__(self, cfg: TrainConfig, family: FamilySpec, size: str, model: nn.Module,
                  data_cfg, run_dir: Path | None, device: torch.device, *, task: TaskSpec,

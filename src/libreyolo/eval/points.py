@@ -22,7 +22,7 @@ the image side and any number of predictions per centroid; we count a duplicate 
 positive, and measure the distance in pixels (the `point_dist` key, docs/points.md).
 
 Ground truth is the batch's boxes (letterboxed network pixels, families.base.Targets) turned into
-centroids on the device (tasks/points.py `box_centroids`): detection datasets validate point
+centroids on the device (families/points.py `box_centroids`): detection datasets validate point
 detectors unchanged.
 """
 
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..tasks.points import GRID_STRIDE, box_centroids
+from ..families.points import GRID_STRIDE, box_centroids
 from .loop import predict, to_input, validating
 
 

@@ -27,14 +27,6 @@ def detect_table(metrics: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return HEAD, class_rows(metrics)
 
 
-def print_class_table(metrics: dict[str, Any], file=None) -> None:
-    """Detection: P and R at the best mean F1, mAP50 and mAP50-95, per class (the detect task's
-    report)."""
-    from ..tasks.detect import SPEC
-
-    SPEC.report(metrics, file)
-
-
 CLASSIFY_HEAD = ["class", "images", "top-1", "top-5"]
 
 

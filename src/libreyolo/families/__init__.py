@@ -1,35 +1,51 @@
-"""Family registry: one line per family. A duplicate name or alias is an error at import."""
+"""Family registry: one line per family. A duplicate name or alias is an error at import.
+
+Besides `get_family`, the registry answers which family a model name means (the rules of
+names.py, which spells names without the registry): an official weights name
+(`parse_official`), an architecture name (`parse_arch`), a family's own spellings (`parse_family`).
+"""
 
 from __future__ import annotations
 
-from ..errors import ModelNameError
-from ..names import arch_name, parse_arch, parse_official, weights_name  # noqa: F401 (re-exported)
-from .base import FamilySpec
+import re
 
-REGISTRY: dict[str, FamilySpec] = {}
-
-
-def register(spec: FamilySpec) -> FamilySpec:
-    for name in (spec.name, *spec.aliases):
-        taken = _by_name(name)
-        if taken is not None:
-            raise ValueError(f"family name '{name}' of {spec.name} is already used by {taken.name}")
-    REGISTRY[spec.name] = spec
-    return spec
+from ..names import arch_name, flat, parse_size, weights_name  # noqa: F401 (re-exported)
+from .base import REGISTRY, FamilySpec, get_family, register  # noqa: F401 (re-exported)
 
 
-def _by_name(name: str) -> FamilySpec | None:
+def parse_official(file_name: str) -> tuple[FamilySpec, str] | None:
+    """'LibreYOLO9s.pt' -> (yolo9 spec, 's'); None if not an official weights name (exact case)."""
     for spec in REGISTRY.values():
-        if name in (spec.name, *spec.aliases):
-            return spec
+        m = re.fullmatch(re.escape(spec.weights_prefix) + r"([a-z0-9]+)\.pt", file_name)
+        if m and m.group(1) in spec.sizes:
+            return spec, m.group(1)
     return None
 
 
-def get_family(name: str) -> FamilySpec:
-    spec = _by_name(name)
-    if spec is None:
-        raise ModelNameError(f"unknown family '{name}' (known: {', '.join(REGISTRY)})")
-    return spec
+def parse_arch(name: str) -> tuple[FamilySpec, str] | None:
+    """'yolo9-t', 'YOLOv9-t', 'yolo9t', 'yolov9_tiny' -> (yolo9 spec, 't'); None if not an arch name.
+
+    Case-insensitive. The longest family spelling that prefixes the name wins, so a family called
+    'yolo' could never swallow 'yolo9'.
+    """
+    text = flat(name)
+    spellings = sorted(((s, spec) for spec in REGISTRY.values() for s in (spec.name, *spec.aliases)),
+                       key=lambda p: -len(p[0]))
+    for spelling, spec in spellings:
+        if text.startswith(spelling):
+            size = parse_size(spec, text[len(spelling):])
+            if size is not None:
+                return spec, size
+    return None
+
+
+def parse_family(name: str) -> FamilySpec | None:
+    """'yolo9', 'yolov9', 'YOLOv9' (its name, an alias or its display name) -> the spec; else None."""
+    text = flat(name)
+    for spec in REGISTRY.values():
+        if text in {spec.name, *spec.aliases, flat(spec.display)}:
+            return spec
+    return None
 
 
 from .deim.spec import SPEC as _DEIM  # noqa: E402

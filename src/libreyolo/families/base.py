@@ -1,7 +1,9 @@
 """The family contract.
 
 A family is one folder (`families/<name>/`) with its network, loss/assigner and a `spec.py` that
-declares a `FamilySpec`; `families/__init__.py` registers it with one line. Everything else in
+declares a `FamilySpec`; `families/__init__.py` registers it with one line (`register`, below, with
+`REGISTRY` and `get_family`: the registry's mechanism lives here, beside the spec it holds, so a
+spec can name another family, `inherits`, and look it up without importing the registry's lines). Everything else in
 LibreYOLO (trainer, CUDA graphs, profiler, CLI, docs) works from the spec and this contract.
 
 Training model contract (an `nn.Module` returned by `FamilySpec.build`):
@@ -33,6 +35,9 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+
+from ..errors import ModelNameError
+from ..names import arch_name
 
 
 class Targets(NamedTuple):
@@ -106,8 +111,6 @@ class FamilySpec:
     def default_sources(self, size: str) -> dict[str, tuple[Any, str]]:
         """`defaults_for(size)` with where each value comes from: the family ('yolox'), the family
         it inherits from ('deim' for 'rtdetrv4') or the size ('yolox-t')."""
-        from . import arch_name, get_family  # the registry module imports this one
-
         sources = {"task": (self.tasks[0], self.name)}  # a model trains its family's first task unless told
         parents, spec = [], self
         while spec.inherits:
@@ -120,3 +123,31 @@ class FamilySpec:
         sources.update({key: (value, self.name) for key, value in self.defaults.items()})
         sources.update({key: (value, arch_name(self, size)) for key, value in self.size_defaults.get(size, {}).items()})
         return sources
+
+
+# --- the registry: one name, one spec (its lines, one per family, are in families/__init__.py) ----
+REGISTRY: dict[str, FamilySpec] = {}
+
+
+def register(spec: FamilySpec) -> FamilySpec:
+    """Add `spec`; a name or alias another family already uses is an error."""
+    for name in (spec.name, *spec.aliases):
+        taken = _by_name(name)
+        if taken is not None:
+            raise ValueError(f"family name '{name}' of {spec.name} is already used by {taken.name}")
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def _by_name(name: str) -> FamilySpec | None:
+    for spec in REGISTRY.values():
+        if name in (spec.name, *spec.aliases):
+            return spec
+    return None
+
+
+def get_family(name: str) -> FamilySpec:
+    spec = _by_name(name)
+    if spec is None:
+        raise ModelNameError(f"unknown family '{name}' (known: {', '.join(REGISTRY)})")
+    return spec

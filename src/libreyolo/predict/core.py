@@ -40,7 +40,7 @@ class Predictor:
                  amp_dtype: str = "float16", cuda_graph: bool = False, workers: int = 4):
         from ..engine.builder import build_model
         from ..engine.precision import Precision
-        from ..model import inference_setup
+        from ..resolve import inference_setup
         from .graph import InferenceGraph
 
         self.task, self.names, self.imgsz, self.device = inference_setup(source, imgsz, device, "predict")
@@ -177,8 +177,7 @@ class Predictor:
 def predict(predictor_for, source: Any, options: dict[str, Any]) -> Iterator[Result]:
     """Results for `source` with checked `options` (check_options); annotated files saved when
     options['save']. `predictor_for(options)` supplies the Predictor (cached by the caller)."""
-    from ..logs import progress_bar
-    from ..model import checking_inputs
+    from ..logs import checking_inputs, progress_bar
     from .draw import Saver, annotate, predict_dir
     from .sources import open_source
 

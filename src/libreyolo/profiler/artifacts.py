@@ -18,7 +18,7 @@ from typing import Any
 
 from ..atomic import write_json_atomic, write_text_atomic
 from ..errors import ProfileFormatError
-from . import analyze as A
+from . import trace as T
 
 SCHEMA = "libreyolo-profile"
 SUMMARY_SCHEMA = "libreyolo-profile-summary"
@@ -69,7 +69,7 @@ def annotate_trace(trace: dict, steps: list[dict], pid: int, tid: int) -> dict:
     points = []
     for s in steps:
         points += [s["ts"], s["end"], *(x for p in s["phases"] for x in (p["ts"], p["end"]))]
-    it = iter(A.snap(points, A.thread_slices(trace, tid)))
+    it = iter(T.snap(points, T.thread_slices(trace, tid)))
     events = trace.setdefault("traceEvents", [])
     half = None
     for s in steps:

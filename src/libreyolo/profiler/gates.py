@@ -34,7 +34,7 @@ FIELDS = (*NUMBERS, *TEXTS, *FLAGS)
 ALIASES = {"step_ms": "step_ms_mean", "step_std": "step_ms_std", "utilization": "utilisation",
            "kernel_busy": "kernel_busy_ms", "data_wait": "data_wait_ms", "syncs": "syncs_per_step",
            "peak_memory": "peak_memory_mb"}
-VERDICTS = ("compute-bound", "dataloader-bound", "host-bound", "launch-bound", "memory-bound")  # analyze.verdict's names
+VERDICTS = ("compute-bound", "dataloader-bound", "host-bound", "launch-bound", "memory-bound")  # verdict.verdict's names
 MODES = ("train", "infer")
 OPS = ("<", "<=", ">", ">=", "==", "!=")
 _CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne}

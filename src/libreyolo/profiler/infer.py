@@ -3,7 +3,7 @@
 The profiler hook (window.py) measures any loop that calls its events the way the Trainer does and
 carries the attributes it reads. `InferenceLoop` is such a loop around predict's own `Predictor`,
 so an inference profile gets the same window, verdict rules, four artifacts and report as a
-training one; `mode = "infer"` selects the inference phases and levers (analyze.py). One step:
+training one; `mode = "infer"` selects the inference phases and levers (verdict.py). One step:
 
 - `data`: the next batch of prepared images from predict's own pipeline (Predictor._prepared):
   `workers` threads decode each image and letterbox it (classifiers: centre-crop) a few batches
@@ -39,17 +39,17 @@ import yaml
 from torch import Tensor
 
 from ..config import FIELDS
-from ..engine.hooks import Hook
+from ..engine.run import Hook
 from ..errors import ConfigError, DataError, LibreYOLOError
+from ..markers import phase
 from ..predict.options import KEYS as PREDICT
 from ..predict.post import PostOptions
-from .markers import phase
 
 log = logging.getLogger("libreyolo")
 
 DEFAULT_IMAGES = 32
 # The graph is captured at the first batch: with one skipped step the capture stays out of the
-# window (a timed step that captured would be left out of the step time, window._mark_kind).
+# window (a timed step that captured would be left out of the step time, assemble.mark_kind).
 GRAPH_SKIP = 1
 # The keys `profile infer` takes: predict's (predict/options.py KEYS), then the window and the output.
 PREDICT_KEYS = ("source", "batch", "imgsz", "device", "amp", "amp_dtype", "cuda_graph", "conf", "iou", "max_det")
@@ -185,7 +185,7 @@ class _Precision:
 
 
 class InferenceLoop:
-    """Inference steps with the trainer's hook events around them, in its order (engine/hooks.py):
+    """Inference steps with the trainer's hook events around them, in its order (engine/run.py):
     before_train; per pass over the images before_epoch, before_step/after_step per step,
     after_epoch; after_train. Runs until a hook sets `stop` or the steps a window needs
     (window.steps_needed) ran."""
@@ -259,8 +259,9 @@ def run_once(model: str, overrides: dict[str, Any]) -> Path:
     project/name (runs/profile/infer, infer2, ...), holding the four artifacts and args.yaml."""
     from ..engine.device import out_of_memory_as_error
     from ..engine.rundir import discard_if_empty, make_run_dir
-    from ..model import checking_inputs, resolve_model
+    from ..logs import checking_inputs
     from ..predict.core import Predictor
+    from ..resolve import resolve_model
     from .window import ProfilerHook
 
     cfg = settings(model, overrides)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 
-from . import analyze as A
+from . import trace as T
 
 GANTT_MAX_EVENTS = 4000  # a browser draws this many bars without effort
 
@@ -30,10 +30,10 @@ def gantt_events(trace: dict, steps: list[dict], cuda: bool, tid: int) -> list[d
     if cuda:
         spans = [(s["ts"], s["cpu_end"]) for s in first]
         rows = [(f"stream {e['stream']}", e["name"], e["ts"], e["end"])
-                for group in A.launched_in(A.busy_events(trace), spans) for e in group]
+                for group in T.launched_in(T.busy_events(trace), spans) for e in group]
     else:
         rows = [("CPU ops", ev["name"], float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0)))
-                for ev in A.top_level(A.cpu_ops(trace, tid)) if lo <= float(ev["ts"]) < hi]
+                for ev in T.top_level(T.cpu_ops(trace, tid)) if lo <= float(ev["ts"]) < hi]
     rows = rows[:GANTT_MAX_EVENTS] + [("phases", p["name"], p["ts"], p["end"]) for s in first for p in s["phases"]]
     return [{"row": r, "name": n, "start_ms": (s - lo) / 1e3, "dur_ms": (e - s) / 1e3} for r, n, s, e in rows]
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .analyze import COMPUTE_BOUND_UTIL
 from .artifacts import SCHEMA_VERSION, WHATIF_SHAPE, require
+from .verdict import COMPUTE_BOUND_UTIL
 
 WHATIF_SCHEMA = "libreyolo-profile-whatif"
 # float16 / float32 and bfloat16 / float32 kernel busy of the same eager training step, from `bench

@@ -3,7 +3,7 @@ from predict.
 
 The data is detection's, unchanged (data/dataset_yaml.py, the loaders of data/loader.py, the
 built-in `shapes`): a box label's point is its centre, taken where the loss and the evaluator
-need it, on the device (`box_centroids` below). docs/points.md is the user's page.
+need it, on the device (families/points.py `box_centroids`). docs/points.md is the user's page.
 """
 
 from __future__ import annotations
@@ -12,15 +12,6 @@ from typing import Any
 
 from .base import TaskSpec, lazy
 from .detect import _pack, _unpack
-
-# The task's prediction has one cell per 8 x 8 input pixels (`predicts` below): FOMO's cut of
-# MobileNetV2 at stride 8 (families/fomo/net.py).
-GRID_STRIDE = 8
-
-
-def box_centroids(boxes):
-    """xyxy boxes [..., 4] (a tensor) -> their centres [..., 2]: a box label's point."""
-    return (boxes[..., :2] + boxes[..., 2:]) * 0.5
 
 
 def _evaluate(model, loader, device, cfg, *, amp_dtype=None, names=None, progress: bool = False) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def cell_owners(targets: Targets, h: int, w: int, stride: int, bounds: torch.Ten
     """[B, h, w] int64: the class (+1) of the box centred in each cell, 0 (background) elsewhere.
     `bounds` is [[0, 0], [w - 1, h - 1]] (float32, on the targets' device). On the device, batched,
     no host sync."""
-    # floor(centre / stride) with the centre (x1 + x2) / 2 (tasks.points.box_centroids) folded into
+    # floor(centre / stride) with the centre (x1 + x2) / 2 (families.points.box_centroids) folded into
     # the divisor: halving is exact in floating point, so the cells are the same.
     boxes = targets.boxes.float()
     cell = torch.div(boxes[..., :2] + boxes[..., 2:], 2 * stride, rounding_mode="floor")

@@ -35,8 +35,8 @@ import math
 import torch
 from torch import nn
 
-from ...tasks.points import GRID_STRIDE
 from ..common import YOLOStyleModel, build_model
+from ..points import GRID_STRIDE
 
 WIDTHS = {"035": 0.35}
 HEAD_CHANNELS = 32

@@ -2,7 +2,10 @@
 
 `phase("forward")` costs one global check when no profiler is active: it returns a shared
 null context. A profiler installs a recorder with `set_recorder`; the recorder's `phase(name)`
-returns the context that measures (record_function spans, CUDA events).
+returns the context that measures (record_function spans, CUDA events). The step (engine/step.py)
+and the loop mark their phases here; the profiler (profiler/window.py) installs the recorder, so the
+engine never imports the profiler. Nothing here imports anything: the commands that read
+profile.json (profiler/analyze.py's phase names) stay free of torch and the engine.
 """
 
 from __future__ import annotations
