@@ -49,8 +49,13 @@ def user_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from ..engine.signals import exit_code, interrupted_line, unsaid
+
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if unsaid() is not None:  # an interrupt some code swallowed: still the command's end
+                raise unsaid()
+            return result
         except LibreYOLOError as exc:
             if os.environ.get("LIBREYOLO_DEBUG"):
                 raise
@@ -60,10 +65,19 @@ def user_errors(fn: Callable) -> Callable:
             if not rank or getattr(exc, "per_rank", False):
                 typer.echo(f"error: {f'rank {rank}: ' if rank else ''}{one_line(str(exc))}", err=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (engine/signals.py): 130 or 143
             if not _rank():
-                typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
+                typer.echo(f"error: {one_line(interrupted_line(exc))}", err=True)
+            raise typer.Exit(exit_code(exc)) from None
+        except Exception:
+            pending = unsaid()
+            if pending is None:
+                raise
+            # The interrupt broke what ran after it (an import cut short fails later as an
+            # AttributeError of a half-imported module): the signal is the news, not that.
+            if not _rank():
+                typer.echo(f"error: {one_line(interrupted_line(pending))}", err=True)
+            raise typer.Exit(exit_code(pending)) from None
 
     return wrapper
 
@@ -345,6 +359,25 @@ def usage_error_line(exc) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from ..engine.signals import exit_code, install, interrupted_line, restore, unsaid
+
+    saved = install()  # first: a SIGTERM or Ctrl-C at start-up is the same one line as one mid-run
+    try:
+        _main(argv)
+    except KeyboardInterrupt as exc:  # outside a command (its import, the argument parsing)
+        typer.echo(f"error: {interrupted_line(exc)}", err=True)
+        sys.exit(exit_code(exc))
+    except Exception:
+        pending = unsaid()
+        if pending is None:
+            raise
+        typer.echo(f"error: {interrupted_line(pending)}", err=True)  # what it broke is not the news
+        sys.exit(exit_code(pending))
+    finally:
+        restore(saved)  # main() run in-process (tests, a notebook) leaves the handlers as it found them
+
+
+def _main(argv: list[str] | None) -> None:
     from .bench import bench_app
     from .profile import profile_app
 
@@ -364,9 +397,16 @@ def main(argv: list[str] | None = None) -> None:
     except _CLICK.ClickException as exc:
         typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except typer.Abort as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, KeyboardInterrupt):  # Click turns a Ctrl-C into Abort
+            raise cause from None
         typer.echo("aborted", err=True)
         sys.exit(1)
     if isinstance(code, int) and code:  # typer.Exit(n) comes back as n without standalone_mode
+        from ..engine.signals import unsaid
+
+        if code == 130 and unsaid() is not None:  # typer's own silent 130 for a signal while parsing
+            raise unsaid()
         sys.exit(code)
 

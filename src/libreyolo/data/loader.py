@@ -140,6 +140,9 @@ def shard(n: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 def _seed_worker(worker_id: int) -> None:
+    from ..engine.signals import ignore_in_worker
+
+    ignore_in_worker()  # Ctrl-C reaches the whole process group: the main process answers it alone
     # torch seeds each worker from the loader's generator; pass it on to numpy and random for
     # any third-party code (our augmentation draws from per-sample generators).
     s = torch.initial_seed() % 2**32
