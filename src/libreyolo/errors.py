@@ -30,3 +30,13 @@ class CheckpointError(LibreYOLOError):
 
 class ProfileFormatError(LibreYOLOError):
     """A malformed, truncated, foreign or too-new profile.json."""
+
+
+class WriteError(LibreYOLOError):
+    """A file could not be written (disk full, a file-size limit or quota, an I/O error); the
+    line names the file and the error, and the previous file of that name is kept whole."""
+
+
+class RunDirError(LibreYOLOError):
+    """A run directory that cannot be used: another run holds it, it was deleted or emptied under
+    a running job, or its results.csv is damaged beyond what the checkpoint can rebuild."""

@@ -97,9 +97,11 @@ class LibreYOLO:
         return user
 
     def _resume(self, user: dict[str, Any], hooks: list | None = None):
-        from .engine.checkpoint import check_resumable, load_checkpoint, remove_stale_temps
+        from .engine.checkpoint import check_resumable, load_checkpoint
         from .engine.device import select_device
         from .engine.distributed import quiet_other_ranks
+        from .engine.resume_data import check_counts, check_names, load_resume_data, moved_data
+        from .engine.rundir import resume_in_run_dir
         from .engine.trainer import Trainer
 
         quiet_other_ranks()
@@ -118,12 +120,17 @@ class LibreYOLO:
                               f"{', '.join(sorted(RESUME_KEYS - {'resume'}))} may change)")
         saved = {k: v for k, v in ckpt["config"].items() if k in FIELDS}
         saved.update({k: user[k] for k in RESUME_KEYS if k in user})
+        moved = moved_data(user, ckpt)  # data= naming the same dataset in a new place (checked below)
+        if moved is not None:
+            saved["data"] = moved
         saved["resume"] = str(path)
         cfg = build_config(saved)
         if int(ckpt["epoch"]) + 1 >= cfg.epochs:
             raise ConfigError(f"'{path}' finished all {cfg.epochs} epochs; nothing to resume")
         task = task_for(spec, cfg.task)
-        data_cfg = task.load_data(cfg.data)
+        data_cfg = load_resume_data(task, cfg.data, moved is not None, path)
+        if moved is not None:
+            check_names(ckpt, data_cfg, moved, path)
         if len(ckpt["names"]) != data_cfg.nc:
             raise CheckpointError(f"cannot resume '{path}': it was trained on {len(ckpt['names'])} classes but "
                                   f"dataset '{data_cfg.name}' has {data_cfg.nc}")
@@ -136,9 +143,9 @@ class LibreYOLO:
             trainer = Trainer(cfg, spec, size, model, data_cfg, run_dir, select_device(cfg.device), task=task,
                               hooks=run_hooks(cfg, hooks), resume=ckpt)
             check_batch(cfg.batch, trainer.train_loader.num_images, data_cfg.name)
-        for stale in remove_stale_temps(path.resolve().parent) if trainer.world.main else ():
-            log.info(f"removed {stale}, left by an interrupted checkpoint write")
-        return trainer.train()
+            if moved is not None:
+                check_counts(ckpt, trainer, moved, path)
+        return resume_in_run_dir(trainer, path)  # under the run directory's lock
 
     def _resumed_arch(self, ckpt: dict, path: Path) -> tuple[FamilySpec, str]:
         """The checkpoint's (family, size); a model= naming another architecture is refused, not

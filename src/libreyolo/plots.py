@@ -39,7 +39,9 @@ def write_results_html(run_dir: Path, task, details: dict[str, Any] | None, meta
     """Render `run_dir/results.html` from `run_dir/results.csv` and `details` (None: no
     validation yet) for `task` (tasks/); written to a temp file and renamed."""
     run_dir = Path(run_dir)
-    return write_text_atomic(run_dir / PAGE, render(read_results(run_dir / "results.csv"), task, details, meta))
+    # make_dirs=False: a run directory deleted under the run is not made again by its page.
+    return write_text_atomic(run_dir / PAGE, render(read_results(run_dir / "results.csv"), task, details, meta),
+                             make_dirs=False)
 
 
 def render(rows: list[dict[str, str]], task, details: dict[str, Any] | None, meta: dict[str, Any]) -> str:

@@ -242,12 +242,13 @@ def test_a_failed_background_write_is_one_line_or_logged_on_a_failure_path(tmp_p
     import logging
 
     from libreyolo.engine.checkpoint import BackgroundWriter
+    from libreyolo.errors import WriteError
 
     (tmp_path / "file").write_text("x")
     writer = BackgroundWriter()
     writer.submit(tmp_path / "ok.pt", _payload(), tag=0)
     writer.submit(tmp_path / "file" / "last.pt", _payload(), tag=1)  # a folder that is a file
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(WriteError) as err:
         writer.wait()
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"cannot write checkpoint {tmp_path / 'file' / 'last.pt'}: ")

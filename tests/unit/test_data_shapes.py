@@ -57,6 +57,7 @@ def test_packaged_yaml_lists_the_generator_names():
 
 def test_ensure_is_atomic_and_regenerates_incomplete_folders(tmp_path, monkeypatch):
     monkeypatch.setattr(shapes, "SPLITS", {"train": 3, "val": 1})
+    monkeypatch.setenv("LIBREYOLO_CACHE", str(tmp_path))  # a folder without the marker is replaced only there
     root = tmp_path / "shapes"
     root.mkdir()
     (root / "junk.txt").write_text("a half-written folder without the marker")
@@ -77,7 +78,9 @@ def test_ensure_is_atomic_and_regenerates_incomplete_folders(tmp_path, monkeypat
     real = shapes.render_image
     monkeypatch.setattr(shapes, "render_image", failing)
     other = tmp_path / "other"
-    with pytest.raises(OSError):
+    from libreyolo.errors import WriteError
+
+    with pytest.raises(WriteError, match=f"cannot generate the shapes dataset at {other}: disk full"):
         shapes.ensure_shapes(other)
     assert not other.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["shapes"]  # no temp folder left behind

@@ -156,20 +156,20 @@ def _tensors(value):
 def test_a_failed_checkpoint_write_stops_the_run_with_one_line(tmp_path, monkeypatch):
     """Written on the checkpoint thread, a failed last.pt surfaces at the next epoch's checkpoint."""
     from libreyolo.engine import checkpoint as C
-    from libreyolo.errors import CheckpointError
+    from libreyolo.errors import WriteError
 
     real = C.save_checkpoint
 
-    def disk_full_at_first(path, payload):
+    def disk_full_at_first(path, payload, **kw):
         if payload["epoch"] == 0:
             raise OSError(28, "No space left on device")
-        return real(path, payload)
+        return real(path, payload, **kw)
 
     monkeypatch.setattr(C, "save_checkpoint", disk_full_at_first)
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(WriteError) as err:
         LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), name="full", **TINY)
     last = tmp_path / "full" / "weights" / "last.pt"
-    assert str(err.value) == f"cannot write checkpoint {last}: OSError: [Errno 28] No space left on device"
+    assert str(err.value) == f"cannot write checkpoint {last}: No space left on device (ENOSPC: the disk is full)"
     assert not last.exists()
 
 

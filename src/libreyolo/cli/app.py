@@ -312,6 +312,25 @@ def usage_error_line(exc) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from ..engine.signals import exit_code, install, interrupted_line, restore, unsaid
+
+    saved = install()  # first: a SIGTERM or Ctrl-C at start-up is the same one line as one mid-run
+    try:
+        _main(argv)
+    except KeyboardInterrupt as exc:  # outside a command (its import, the argument parsing)
+        typer.echo(f"error: {interrupted_line(exc)}", err=True)
+        sys.exit(exit_code(exc))
+    except Exception:
+        pending = unsaid()
+        if pending is None:
+            raise
+        typer.echo(f"error: {interrupted_line(pending)}", err=True)  # what it broke is not the news
+        sys.exit(exit_code(pending))
+    finally:
+        restore(saved)  # main() run in-process (tests, a notebook) leaves the handlers as it found them
+
+
+def _main(argv: list[str] | None) -> None:
     from .bench import bench_app
     from .data import data_app
     from .profile import profile_app
@@ -333,9 +352,16 @@ def main(argv: list[str] | None = None) -> None:
     except _CLICK.ClickException as exc:
         typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except typer.Abort as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, KeyboardInterrupt):  # Click turns a Ctrl-C into Abort
+            raise cause from None
         typer.echo("aborted", err=True)
         sys.exit(1)
     if isinstance(code, int) and code:  # typer.Exit(n) comes back as n without standalone_mode
+        from ..engine.signals import unsaid
+
+        if code == 130 and unsaid() is not None:  # typer's own silent 130 for a signal while parsing
+            raise unsaid()
         sys.exit(code)
 

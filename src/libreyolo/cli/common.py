@@ -29,8 +29,13 @@ def user_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from ..engine.signals import exit_code, interrupted_line, unsaid
+
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if unsaid() is not None:  # an interrupt some code swallowed: still the command's end
+                raise unsaid()
+            return result
         except LibreYOLOError as exc:
             if os.environ.get("LIBREYOLO_DEBUG"):
                 raise
@@ -40,10 +45,19 @@ def user_errors(fn: Callable) -> Callable:
             if not rank or getattr(exc, "per_rank", False):
                 typer.echo(f"error: {f'rank {rank}: ' if rank else ''}{one_line(str(exc))}", err=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (engine/signals.py): 130 or 143
             if not process_rank():
-                typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
+                typer.echo(f"error: {one_line(interrupted_line(exc))}", err=True)
+            raise typer.Exit(exit_code(exc)) from None
+        except Exception:
+            pending = unsaid()
+            if pending is None:
+                raise
+            # The interrupt broke what ran after it (an import cut short fails later as an
+            # AttributeError of a half-imported module): the signal is the news, not that.
+            if not process_rank():
+                typer.echo(f"error: {one_line(interrupted_line(pending))}", err=True)
+            raise typer.Exit(exit_code(pending)) from None
 
     return wrapper
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_path
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 
 log = logging.getLogger("libreyolo")
 
@@ -38,6 +38,24 @@ def cache_root() -> Path:
     """$LIBREYOLO_CACHE, else ~/.cache/libreyolo."""
     env = os.environ.get("LIBREYOLO_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "libreyolo"
+
+
+def check_dataset_target(root: Path, name: str, ours: bool = False) -> None:
+    """Before a dataset is generated or downloaded into `root`: the folder must be new, empty,
+    inside LibreYOLO's cache, or already one LibreYOLO made (`ours`: it holds the generator's
+    marker). A stranger's yaml whose `path:` names /etc or climbs out through ../.. then gets one
+    DataError line, and nothing there is written, replaced or moved aside."""
+    if ours or not root.exists():
+        return
+    try:
+        mine = root.resolve().is_relative_to(cache_root().resolve())
+        empty = root.is_dir() and not any(root.iterdir())
+    except OSError:
+        mine, empty = False, False
+    if mine or empty:
+        return
+    raise DataError(f"dataset {name}: {root} already holds other files, and LibreYOLO only generates or downloads "
+                    f"a dataset into a new or empty folder (or its cache): point the yaml's path: at one")
 
 
 # cache=auto caches in RAM up to this share of the memory available when the dataset is built.

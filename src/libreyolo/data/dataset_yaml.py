@@ -30,6 +30,7 @@ import yaml
 from ..errors import DataError
 from .cache import cache_root
 from .dataconfig import DataConfig
+from .safe_yaml import load_yaml
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 
@@ -146,7 +147,7 @@ def _read_text(path: Path, what: str) -> str:
 
 def _parse_yaml(text: str, where: Any) -> dict:
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text, where)  # bounded: an alias bomb is one line, not a MemoryError
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" (line {mark.line + 1})" if mark is not None else ""

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from ..atomic import atomic_path
 from ..errors import DataError
+from .cache import check_dataset_target
 
 log = logging.getLogger("libreyolo")
 
@@ -39,6 +40,7 @@ def dataset_url(download: str) -> str:
 def fetch_dataset(download: str, root: Path, sha256: str | None, name: str) -> Path:
     """Make `root` hold the extracted dataset; raises DataError with one line on any failure."""
     url = dataset_url(download)
+    check_dataset_target(root, name)  # an existing folder outside the cache is never moved aside
     root.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     try:

@@ -28,6 +28,11 @@ from ..errors import DataError
 log = logging.getLogger("libreyolo")
 
 COORD_TOL = 0.01  # exporters round; a box 1 % past the border is clamped, not rejected
+# A label file past these is refused as corrupt (the image is skipped, named in the scan's line)
+# before it is read: a crowded image holds hundreds of boxes, and every batch pads to its
+# fullest image, so 10^6 boxes (a 50 MB file) would stall the scan and then the loss.
+MAX_LABEL_BYTES = 2 << 20
+MAX_BOXES = 10_000
 
 
 @dataclass
@@ -62,6 +67,9 @@ def parse_label_file(path: Path, nc: int) -> np.ndarray:
         return np.zeros((0, 5), np.float32)
     if not path.is_file():
         raise ValueError("not a file")
+    size = path.stat().st_size
+    if size > MAX_LABEL_BYTES:
+        raise ValueError(f"{size / 2**20:.1f} MB: more than the {MAX_LABEL_BYTES >> 20} MB a label file may be")
     try:
         text = path.read_text(encoding="utf-8", errors="strict")
     except UnicodeDecodeError:
@@ -70,6 +78,8 @@ def parse_label_file(path: Path, nc: int) -> np.ndarray:
     rows = [(n, r) for n, r in rows if r]
     if not rows:
         return np.zeros((0, 5), np.float32)
+    if len(rows) > MAX_BOXES:
+        raise ValueError(f"{len(rows)} boxes: more than the {MAX_BOXES} an image may hold")
     for n, r in rows:
         _check_row(n, r, nc)
     arr = np.array([r for _, r in rows], dtype=np.float64)

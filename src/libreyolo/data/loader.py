@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import random
+import signal
 from typing import NamedTuple
 
 import numpy as np
@@ -139,7 +140,23 @@ def shard(n: int, rank: int, world_size: int) -> tuple[int, int]:
     return lo, lo + base + (rank < extra)
 
 
+def _ignore_interrupts_in_worker() -> None:
+    """In a data loader worker: a Ctrl-C reaches the whole process group, and each worker would
+    print a traceback of its own; it is the main process's to answer (it ends the workers as its
+    loader shuts down). A SIGTERM ends the worker at once and quietly: it is how the main
+    process's exit terminates its daemon workers (so it must not be ignored, or that exit waits
+    for them forever), and a scheduler's SIGTERM to the group reaches them too, where dying by
+    the signal would make the main process report a killed worker over its own interrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _end_worker)  # engine/signals.py answers them in the main process
+
+
+def _end_worker(signum, frame) -> None:
+    os._exit(0)
+
+
 def _seed_worker(worker_id: int) -> None:
+    _ignore_interrupts_in_worker()  # Ctrl-C reaches the whole process group: the main process answers it alone
     # torch seeds each worker from the loader's generator; pass it on to numpy and random for
     # any third-party code (our augmentation draws from per-sample generators).
     s = torch.initial_seed() % 2**32

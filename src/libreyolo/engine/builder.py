@@ -37,6 +37,10 @@ def build_model(source, num_classes: int, *, exact: bool = False) -> nn.Module:
         state = ckpt.get("ema") or ckpt["model"]
         own = model.state_dict()
         matched = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        if state and not matched:  # a header naming this architecture over another model's weights
+            raise CheckpointError(f"'{source.path}' says {source.arch}, but its weights do not fit {source.arch}: none "
+                                  f"of its {len(state)} tensors has a name and shape of the model (another model's "
+                                  f"checkpoint?)")
         model.load_state_dict(matched, strict=False)
         unfilled = [k for k in own if k not in matched]
         if unfilled and exact:

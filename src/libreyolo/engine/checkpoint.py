@@ -8,7 +8,9 @@ graphed, compiled or DDP-wrapped module.
 from __future__ import annotations
 
 import logging
+import os
 import random
+import re
 import threading
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..atomic import atomic_path
-from ..errors import CheckpointError
+from ..atomic import atomic_path, write_error
+from ..errors import CheckpointError, WriteError
 
 log = logging.getLogger("libreyolo")
 
@@ -27,11 +29,42 @@ SCHEMA = 1
 MAGIC = "libreyolo-checkpoint"
 
 
-def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
-    """Write `payload` to `path` through a temp file + rename, so no half-written file remains."""
-    with atomic_path(path) as tmp:
-        torch.save({"format": MAGIC, "schema": SCHEMA, **payload}, tmp)
-    return Path(path)
+def save_checkpoint(path: str | Path, payload: dict[str, Any], *, make_dirs: bool = True) -> Path:
+    """Write `payload` to `path` through a temp file + rename, so no half-written file remains.
+
+    Written through a Python file object and synced to the disk before the rename: a full disk, a
+    file-size limit or an I/O error is then the system's own error (one WriteError line naming
+    the file), where torch writing to a path itself reports only "unexpected pos"; and a quota
+    that a filesystem enforces only when the data reaches the disk fails here, not after the
+    rename. `make_dirs=False` makes the checkpoint's folder (weights/) but never its parent: a run
+    directory deleted under a running job is not made again."""
+    path = Path(path)
+    if not make_dirs and not path.parent.is_dir():
+        if path.parent.exists():
+            raise WriteError(f"cannot write checkpoint {path}: {path.parent} is a file, not a folder")
+        try:
+            path.parent.mkdir()
+        except OSError as exc:
+            raise write_error(path, exc, "checkpoint") from None
+    with atomic_path(path, make_dirs=make_dirs, what="checkpoint") as tmp, open(tmp, "wb") as f:
+        try:
+            torch.save({"format": MAGIC, "schema": SCHEMA, **payload}, f)
+        except RuntimeError as exc:  # torch's zip writer reports a failed write as its own error
+            raise _os_error(exc) or exc from None
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc`: torch's zip writer, closing the archive after a failed write,
+    raises "unexpected pos" over the OSError the write itself raised."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 class BackgroundWriter:
@@ -50,28 +83,41 @@ class BackgroundWriter:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="libreyolo-checkpoint")
-            self._pending.append((Path(path), tag, self._pool.submit(save_checkpoint, path, payload)))
+            # make_dirs=False: a run directory deleted under the run is not made again by a write.
+            self._pending.append((Path(path), tag, self._pool.submit(save_checkpoint, path, payload,
+                                                                     make_dirs=False)))
 
     def wait(self, raise_errors: bool = True) -> None:
         """Until every submitted write has finished; then the thread stops (a later submit starts
-        it again). A failed write raises one CheckpointError line, or with `raise_errors=False`
+        it again). A failed write raises one WriteError line, or with `raise_errors=False`
         (a failure path, where another error is on its way) is logged."""
         failed = []
         with self._lock:  # held while waiting: a second waiter finds the writes collected
-            pending, self._pending = self._pending, []
-            for path, tag, future in pending:
+            while self._pending:
+                # Taken off the list only once finished: a Ctrl-C during the wait leaves the write
+                # pending, so the wait on the way out still finds it (and records where it landed).
+                path, tag, future = self._pending[0]
                 exc = future.exception()  # waits for it
+                self._pending.pop(0)
                 if exc is None:
                     self.written[path] = tag
                 else:
-                    failed.append(f"cannot write checkpoint {path}: {type(exc).__name__}: {str(exc).strip()[:200]}")
+                    failed.append(_failure_line(path, exc))
             if self._pool is not None:
                 self._pool.shutdown(wait=False)  # idle: nothing left for it
                 self._pool = None
         for message in failed[1:] if raise_errors else failed:
             log.warning(message)
         if failed and raise_errors:
-            raise CheckpointError(failed[0])
+            raise WriteError(failed[0])
+
+
+def _failure_line(path: Path, exc: BaseException) -> str:
+    if isinstance(exc, WriteError):  # the write's own line: the file and the system's error
+        return str(exc)
+    if isinstance(exc, OSError):
+        return str(write_error(path, exc, "checkpoint"))
+    return f"cannot write checkpoint {path}: {type(exc).__name__}: {str(exc).strip()[:200]}"
 
 
 def remove_stale_temps(folder: str | Path) -> list[Path]:
@@ -97,11 +143,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     _check_magic(path)
+    _check_archive(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"'{path}' is not a readable checkpoint (truncated or corrupt: {reason[:120]})") from None
+        raise CheckpointError(f"'{path}' is not a readable checkpoint (truncated or corrupt: {_reason(exc)})") from None
     except Exception as exc:  # weights_only refusals are pickle.UnpicklingError and friends
         raise CheckpointError(f"'{path}' is not a LibreYOLO checkpoint ({type(exc).__name__})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != MAGIC:
@@ -130,6 +176,40 @@ def _check_magic(path: Path) -> None:
     if not head.startswith(_TORCH_MAGIC):
         kind = "a text file" if _is_text(path) else "not a PyTorch file"
         raise CheckpointError(f"'{path}' is not a LibreYOLO checkpoint ({kind}: PyTorch checkpoints are zip archives)")
+
+
+def _check_archive(path: Path) -> None:
+    """A zip checkpoint's every member against its CRC-32: bytes damaged inside a tensor (a disk
+    error, a bad copy) still load, as wrong weights, unless something reads them back against
+    the checksums the writer stored. One pass over the file (~0.1 s for 100 MB)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+        # Cut short or not an archive; a legacy (pickle) file is not a zip at all: torch.load decides.
+        if isinstance(exc, zipfile.BadZipFile):
+            with open(path, "rb") as f:
+                if f.read(1) == b"\x80":
+                    return
+            reason = "cut short: the zip directory at its end is missing"
+        else:
+            reason = _reason(exc)
+        raise CheckpointError(f"'{path}' is not a readable checkpoint (truncated or corrupt: {reason})") from None
+    if bad is not None:
+        raise CheckpointError(f"'{path}' is damaged: its member {bad.split('/', 1)[-1]} does not match its "
+                              f"checksum (a disk error or a bad copy); use another copy of the checkpoint")
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's first sentence, short: torch's reader appends a paragraph of advice."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = text.split(". This is an internal", 1)[0]
+    newer = re.search(r"PyTorch file with version (\d+), but the maximum supported version for reading is (\d+)", text)
+    if newer:
+        return f"written by a newer PyTorch: archive version {newer[1]}, this one reads up to {newer[2]}"
+    if text.startswith("[enforce fail"):  # '[enforce fail at inline_container.cc:180] . file in ...'
+        text = text.split("] . ", 1)[-1]
+    return text[:160]
 
 
 def _is_text(path: Path) -> bool:

@@ -6,7 +6,6 @@ face to its hooks) are in run.py.
 
 from __future__ import annotations
 
-import csv
 import logging
 import sys
 import time
@@ -14,7 +13,8 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ..atomic import atomic_path
+from .lock import RunDirGuard
+from .results_csv import ResultsTable
 from .run import Hook, Run
 
 log = logging.getLogger("libreyolo")
@@ -158,22 +158,14 @@ class ResultsHook(Hook):
 
     def __init__(self, validation: ValidationHook | None = None) -> None:
         self.validation = validation
+        self.table = ResultsTable()  # the rows so far; every checkpoint holds them (its state)
 
     def before_train(self, trainer: Run) -> None:
         self._skipped_before = trainer.precision.skipped_steps()  # a resumed run's count carries on
-        path = trainer.run_dir / "results.csv"
-        if path.exists():
-            # A fresh run in a reused directory (`exist_ok=true`) starts its own table; a resumed
-            # one keeps the rows of the epochs its checkpoint holds (a row written after that
-            # checkpoint would otherwise appear twice).
-            with path.open(newline="") as f:
-                rows = list(csv.reader(f))
-            kept = [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= trainer.start_epoch]
-            if not kept:
-                path.unlink()
-                return
-            with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
-                csv.writer(f).writerows(rows[:1] + kept)
+        # A fresh run in a reused directory (`exist_ok=true`) starts its own table; a resumed one
+        # keeps the rows of the epochs its checkpoint holds (a row written after that checkpoint
+        # would otherwise appear twice), rebuilt from the checkpoint if the file was damaged.
+        self.table.start(trainer.run_dir / "results.csv", trainer.start_epoch)
 
     def before_epoch(self, trainer: Run) -> None:
         self._t0 = time.perf_counter()
@@ -187,13 +179,7 @@ class ResultsHook(Hook):
             row[key] = round(trainer.metrics[key], 6) if fresh else ""
         row["seconds"] = round(time.perf_counter() - self._t0, 3)
         row["skipped_steps"] = trainer.precision.skipped_steps()
-        path = trainer.run_dir / "results.csv"
-        new = not path.exists()
-        with path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(row))
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
+        self.table.add(trainer.run_dir / "results.csv", row)  # the whole table, atomically
         if fresh:  # new curves to show: a long run's page is never older than its last validation
             self._write_page(trainer)
         new_skips = row["skipped_steps"] - self._skipped_before
@@ -204,6 +190,12 @@ class ResultsHook(Hook):
 
     def after_train(self, trainer: Run) -> None:
         self._write_page(trainer)
+
+    def state_dict(self) -> dict:
+        return {"rows": self.table.rows}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.table.load(state.get("rows"))
 
     def _write_page(self, trainer: Run) -> None:
         from ..plots import write_results_html
@@ -245,5 +237,7 @@ def _rate(img_s: float) -> str:
 def default_hooks() -> list[Hook]:
     """What every training run has, in calling order: validation (and the best epoch) first, so
     the results table and the checkpoints of an epoch see its validation."""
+
     validation = ValidationHook()
-    return [validation, ResultsHook(validation), CheckpointHook(validation), ProgressHook()]
+    # The guard stops a run whose directory was deleted under it before anything is written there.
+    return [validation, RunDirGuard(), ResultsHook(validation), CheckpointHook(validation), ProgressHook()]

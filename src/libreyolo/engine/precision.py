@@ -58,8 +58,11 @@ class Precision:
         self.dtype = resolution.dtype
         self.message = resolution.message
         self.scaler = torch.amp.GradScaler(device.type, enabled=resolution.scaler)
-        # Steps the scaler skipped (overflow), counted on the device so counting never syncs.
+        # Steps the scaler skipped (overflow), counted on the device so counting never syncs; and
+        # the current and the longest run of skips in a row (engine/diverge.SkipWatch reads it).
         self._skipped = torch.zeros((), dtype=torch.int64, device=device) if resolution.scaler else None
+        self._streak = torch.zeros((), dtype=torch.int64, device=device) if resolution.scaler else None
+        self.skip_streak = torch.zeros((), dtype=torch.int64, device=device) if resolution.scaler else None
 
     @classmethod
     def create(cls, amp: bool, amp_dtype: str, device: torch.device) -> Precision:
@@ -96,7 +99,10 @@ class Precision:
             self.scaler.step(optimizer)
             self.scaler.update()
             # The scale only shrinks when the step was skipped for an overflow.
-            self._skipped += (self.scaler._scale < before).to(torch.int64)
+            skipped = (self.scaler._scale < before).to(torch.int64).reshape(())
+            self._skipped += skipped
+            self._streak.mul_(skipped).add_(skipped)  # +1 on a skip, back to 0 on a step
+            torch.maximum(self.skip_streak, self._streak, out=self.skip_streak)
         else:
             self.scaler.step(optimizer)
             self.scaler.update()

@@ -1,5 +1,6 @@
-"""Run directories: created after every input check passed, removed again by a run that failed
-before writing anything but its arguments."""
+"""Run directories: created after every input check passed, locked by the one training that
+uses them (engine/lock.py), removed again by a run that failed before writing anything but its
+arguments."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from pathlib import Path
 
 import yaml
 
+from ..atomic import write_text_atomic
 from ..config import TrainConfig
 from ..errors import LibreYOLOError
+from .lock import LOCK_NAME, RunLock
+from .signals import check
 
 log = logging.getLogger("libreyolo")
 
@@ -41,7 +45,7 @@ def make_run_dir(project: str, name: str, exist_ok: bool) -> Path:
 
 
 def write_args(run_dir: Path, cfg: TrainConfig) -> None:
-    (run_dir / "args.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_text_atomic(run_dir / "args.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False), make_dirs=False)
 
 
 def train_in_new_run_dir(trainer, cfg: TrainConfig):
@@ -54,34 +58,59 @@ def train_in_new_run_dir(trainer, cfg: TrainConfig):
     if not trainer.world.main:  # rank 0 makes the run directory; the others learn its path, write nothing
         trainer.run_dir = broadcast_object(None)
         return trainer.train()
+    check()  # a signal swallowed during the start-up: nothing is made
     reused = cfg.exist_ok and (Path(cfg.project) / cfg.name).exists()
     project = Path(cfg.project)
     new_folders = [p for p in (project, *project.parents) if not p.exists()]  # deepest first
     run_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok)
-    for stale in remove_stale_temps(run_dir / "weights"):  # a reused directory's killed writes
-        log.info(f"removed {stale}, left by an interrupted checkpoint write")
-    write_args(run_dir, cfg)
-    trainer.run_dir = broadcast_object(run_dir) if trainer.world.active else run_dir
+    # One training per directory (engine/lock.py): a second one given the same project/name
+    # with exist_ok=true is refused here, before it writes anything.
+    lock = trainer.run_lock = RunLock(run_dir).acquire()
     try:
+        for stale in remove_stale_temps(run_dir / "weights"):  # a reused directory's killed writes
+            log.info(f"removed {stale}, left by an interrupted checkpoint write")
+        write_args(run_dir, cfg)
+        trainer.run_dir = broadcast_object(run_dir) if trainer.world.active else run_dir
+        try:
+            return trainer.train()
+        except (LibreYOLOError, KeyboardInterrupt):
+            if not reused and discard_if_empty(run_dir):
+                for folder in new_folders:  # project folders this run made, while nothing else is in them
+                    try:
+                        folder.rmdir()
+                    except OSError:
+                        break
+            raise
+    finally:
+        lock.release()
+
+
+def resume_in_run_dir(trainer, checkpoint: Path):
+    """Resume in the checkpoint's run directory (trainer.run_dir) under its lock: a resume of a
+    run that is still training is refused, as a second run is. The temp files of checkpoint
+    writes a kill interrupted are removed once the lock is held (no write of another run is
+    under way then)."""
+    from .checkpoint import remove_stale_temps
+
+    if not trainer.world.main:
         return trainer.train()
-    except (LibreYOLOError, KeyboardInterrupt):
-        if not reused and discard_if_empty(run_dir):
-            for folder in new_folders:  # project folders this run made, while nothing else is in them
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
-        raise
+    with RunLock(trainer.run_dir) as lock:
+        trainer.run_lock = lock
+        for stale in remove_stale_temps(Path(checkpoint).resolve().parent):
+            log.info(f"removed {stale}, left by an interrupted checkpoint write")
+        return trainer.train()
 
 
 def discard_if_empty(run_dir: Path) -> bool:
-    """Remove `run_dir` if it holds nothing but args.yaml (and an empty weights/); True if so."""
+    """Remove `run_dir` if it holds nothing but args.yaml (and an empty weights/, and the run's
+    lock file); True if so. A directory deleted under the run is not there to remove."""
     weights = run_dir / "weights"
-    if {p.name for p in run_dir.iterdir()} - {"args.yaml", "weights"}:
+    if not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} - {"args.yaml", "weights", LOCK_NAME}:
         return False
     if weights.is_dir() and any(weights.iterdir()):
         return False
     (run_dir / "args.yaml").unlink(missing_ok=True)
+    (run_dir / LOCK_NAME).unlink(missing_ok=True)  # the lock itself is released by the caller
     if weights.is_dir():
         weights.rmdir()
     run_dir.rmdir()

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from . import checkpoint as ckpt_io
+from .resume_data import image_counts
 from .run import Run
 
 log = logging.getLogger("libreyolo")
@@ -39,6 +40,8 @@ def training_state(trainer: Run, detached: bool = False) -> dict[str, Any]:
         "ema_updates": ema.updates if ema else 0,
         "optimizer": optimizer, "precision": trainer.precision.state_dict(),
         "epoch": trainer.epoch, "metrics": dict(trainer.metrics), "config": trainer.cfg.to_dict(),
+        # What a resume on a moved dataset (data= beside resume=) is checked against.
+        "data_images": image_counts(trainer),
         "rng": ckpt_io.rng_state(),
         "hooks": hooks,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),

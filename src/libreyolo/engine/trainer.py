@@ -26,7 +26,7 @@ from ..families.base import FamilySpec
 from ..markers import phase
 from ..tasks.base import TaskSpec
 from . import checkpoint as ckpt_io
-from . import distributed
+from . import distributed, diverge, signals
 from .builder import build_step_context, cudnn_autotune, place_model, seed_everything, set_cudnn_autotune
 from .device import device_name, out_of_memory_as_error
 from .meter import LossMeter
@@ -114,6 +114,8 @@ class Trainer:
         self.meter = LossMeter(tuple(self.criterion.item_names), device)
         self.rank_rng: list | None = None  # every rank's RNG state at the epoch end (rank 0)
         self.checkpoints = ckpt_io.BackgroundWriter()  # CheckpointHook's writes
+        self.run_lock = None  # the run directory's lock (engine/lock.py), set by rundir.py on rank 0
+        self.skips = diverge.SkipWatch(self.precision)  # a scaler skipping every step stops the run
         if resume is not None:
             restore_training_state(self, resume)
         if w.active:
@@ -163,7 +165,7 @@ class Trainer:
         self.clock.finish()
         timings = self.clock.summary()
         if self.world.main:
-            write_json_atomic(self.run_dir / "timings.json", timings)
+            write_json_atomic(self.run_dir / "timings.json", timings, make_dirs=False)
         log.info(describe(timings))
         if self.world.active:
             distributed.shutdown()
@@ -207,6 +209,7 @@ class Trainer:
                 batch = next(batches)
             self.clock.first_step(time.perf_counter() - t_epoch)
             self.iteration = self.epoch * n + self.batch_index
+            signals.check()  # a SIGTERM that third-party code swallowed still ends the run here
             self.schedule.step(self.iteration)
             self._call("before_step")
             since_update += 1
@@ -232,8 +235,9 @@ class Trainer:
         # global batch's on every rank (GlobalLoss all-reduces them with the normaliser each step),
         # so this read needs no collective, and every rank reaches the same verdict on a
         # non-finite loss.
-        self.meter.read(self.precision.scaler_enabled, f"epoch {self.epoch + 1}, step {self.batch_index + 1}",
-                        self._last_good, final=final)
+        where = f"epoch {self.epoch + 1}, step {self.batch_index + 1}"
+        self.meter.read(self.precision.scaler_enabled, where, self._last_good, final=final)
+        self.skips.read(where, self._last_good, final=final)
 
     def epoch_losses(self) -> dict[str, float]:
         """Mean loss items over this epoch's finite steps read back so far."""
@@ -242,13 +246,8 @@ class Trainer:
     def _last_good(self) -> str:
         """What a failed run can resume from (asked only on a failure path)."""
         self.checkpoints.wait(raise_errors=False)  # a pending last.pt is the last good state once written
-        last = self.run_dir / "weights" / "last.pt" if self.run_dir is not None else None
-        epoch = self.checkpoints.written.get(last)  # the epoch of the last write that succeeded
-        if epoch is not None:
-            return f"the last good state is {last} (end of epoch {epoch + 1})"
-        if last is not None and last.exists():  # from before this process (a resume)
-            return f"the last good state is {last} (end of epoch {self.start_epoch})"
-        return "no good state was saved (the first epoch failed)"
+        # Read back and checked to hold finite weights before it is named (engine/diverge.py).
+        return diverge.last_good_state(self.run_dir, self.checkpoints.written, resumed=self.start_epoch > 0)
 
     # --- validation, checkpoints ----------------------------------------------------------------
     def validate(self) -> dict[str, float]:
@@ -273,9 +272,11 @@ class Trainer:
         """One detached copy of the training state, written to each of `paths` on the checkpoint
         thread: the files are complete after `wait_for_checkpoints`. The previous epoch's writes
         are waited for first (they have had a whole epoch), so one epoch's state at most is in
-        flight, and a write that failed raises here, one CheckpointError line."""
+        flight, and a write that failed raises here, one WriteError line. Weights that went
+        non-finite are never written (engine/diverge.py): the run stops instead."""
         self.checkpoints.wait()
         state = training_state(self, detached=True)
+        diverge.check_weights(state, f"epoch {self.epoch + 1}, step {self.batch_index + 1}", self._last_good)
         for path in paths:
             self.checkpoints.submit(path, state, tag=self.epoch)
 
@@ -285,8 +286,10 @@ class Trainer:
         writes finish before the error goes on; their own failures are logged, not raised over it."""
         try:
             yield
-        except BaseException:
+        except BaseException as exc:
             self.checkpoints.wait(raise_errors=False)
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, SIGTERM: the line says what was kept
+                signals.note(exc, f"epoch {self.epoch + 1}, step {self.batch_index + 1}", self._last_good())
             raise
 
     def wait_for_checkpoints(self) -> None:

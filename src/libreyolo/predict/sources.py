@@ -177,11 +177,26 @@ def _path_items(text: str, vid_stride: int, strict: bool) -> tuple[str, list[_It
         raise DataError(f"{path}: unsupported file type '{path.suffix or path.name}'; images: {_exts()}; "
                         f"videos: {', '.join(VIDEO_SUFFIXES)}")
     if any(c in text for c in "*?["):
-        files = sorted(Path(p) for p in glob.glob(os.path.expanduser(text), recursive=True) if _is_image(Path(p)))
+        files = sorted(p for p in _glob(os.path.expanduser(text)) if _is_image(p))
         if not files:
             raise DataError(f"no images ({_exts()}) match {text}")
         return "glob", [_ImageFile(p, strict=False) for p in files]
     raise DataError(f"source not found: {path}")
+
+
+def _glob(pattern: str):
+    """The paths matching `pattern`, `**` included, without following symlinked folders in a `**`:
+    glob.glob(recursive=True) follows them, and a folder holding a link to itself or its parent
+    made it list an endless tree (a million names in a minute). pathlib's `**` does not follow."""
+    parts = Path(pattern).parts
+    first = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    base = Path(*parts[:first]) if first else Path(".")
+    rest = list(parts[first:])
+    if not rest:
+        return iter([base])
+    if rest[-1] == "**":  # glob's `dir/**` lists files as well; pathlib's only folders
+        rest.append("*")
+    return base.glob(str(Path(*rest)))
 
 
 def _is_image(path: Path) -> bool:

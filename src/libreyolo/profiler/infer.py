@@ -38,6 +38,7 @@ import torch
 import yaml
 from torch import Tensor
 
+from ..atomic import write_text_atomic
 from ..config import FIELDS
 from ..engine.run import Hook
 from ..errors import ConfigError, DataError, LibreYOLOError
@@ -272,7 +273,7 @@ def run_once(model: str, overrides: dict[str, Any]) -> Path:
         files, images = image_files(cfg.source, predictor.task)
     cfg = replace(cfg, imgsz=predictor.imgsz, channels_last=predictor.channels_last)
     run_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok)
-    (run_dir / "args.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    write_text_atomic(run_dir / "args.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
     log.info(f"profiling inference of {predictor.describe()}; images: {images}; {cfg.profile_skip} skipped + "
              f"{cfg.profile_steps} measured steps; run dir {run_dir}")
     # The hook stops the loop after its window and stays quiet: the command prints the report.

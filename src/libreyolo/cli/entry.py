@@ -1,0 +1,27 @@
+"""The `libreyolo` command's entry point: the signal handlers first, then the command line.
+
+Kept apart from cli/app.py so that nothing slow (typer, then torch) is imported before a Ctrl-C
+or a SIGTERM is answered with one line (engine/signals.py): the window without the handlers is
+Python's own start-up.
+"""
+
+from __future__ import annotations
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ..engine.signals import install
+
+    install()
+    try:
+        from .app import main as run
+    except BaseException as exc:  # a signal while typer loads (or what it broke there)
+        import sys
+
+        from ..engine.signals import exit_code, interrupted_line, unsaid
+
+        pending = exc if isinstance(exc, KeyboardInterrupt) else unsaid()
+        if pending is None:
+            raise
+        sys.stderr.write(f"error: {interrupted_line(pending)}\n")
+        sys.exit(exit_code(pending))
+    run(argv)
