@@ -17,7 +17,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
-# Every test writes its generated datasets and downloads under a per-session temp dir, never ~.
+# Every test writes its generated datasets and downloads under a per-run temp dir, never ~.
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     if "LIBREYOLO_CACHE" not in os.environ:

@@ -3,7 +3,7 @@
 One run trains in this process, through the LibreYOLO facade with the profiler's hook
 (profiler/window.py). `--repeat N` runs every trial in a fresh process, into `<run>/prof_1 ...
 prof_N` (`profile infer --repeat N`: its inference windows, profiler/infer.py, into `<run>/infer_1
-... infer_N`): one profiler session per process (a second session in the same process can corrupt
+... infer_N`): one profiler recording per process (a second recording in the same process can corrupt
 its first kernel timestamps, pytorch issue 192021) and a fresh allocator, autotuner and page cache
 state per trial, so the trials are independent samples. `<run>/profile_repeat.json` then holds
 their aggregate (profiler/repeat.py).

@@ -2,7 +2,7 @@
 
 For measurements that must not inherit this process's state: `bench step` runs each arm so (no
 allocator, autotuner or compiled state carried over from another arm), `profile run --repeat`
-each trial (one profiler session per process, pytorch issue 192021). The child, `python -m
+each trial (one profiler recording per process, pytorch issue 192021). The child, `python -m
 <module> ARGS...` under this interpreter and environment, prints its result as JSON on the last
 line of stdout (`answer` does that); its log goes to stderr, which is either passed through live
 (a trial's progress) or captured, so that a failure reads as one line (a bench arm).

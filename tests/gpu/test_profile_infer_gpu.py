@@ -3,7 +3,7 @@
 Batch 1 eager inference launches every kernel of the network one by one for one small image:
 the GPU waits on the launches, so the window must read launch-bound. With cuda_graph=true the
 forward is one graph replay, and what is left (decode, letterbox, NMS) is not launching. Every
-profiled run is its own process (`python -c DRIVER`): one profiler session per process, as
+profiled run is its own process (`python -c DRIVER`): one profiler recording per process, as
 `libreyolo profile infer --repeat` does.
 """
 

@@ -1,8 +1,8 @@
 """The profiler on a real GPU (issues 5 and 17): YOLOv9-t batch 8 at 640, float16, 5 skipped steps,
 then the window (10 timed, 10 + 10 recorded, 2 op steps).
 
-Every profiled run is its own process (`python -c DRIVER`): one profiler session per process, as
-`libreyolo profile run --repeat` does (a second session in one process can corrupt timestamps).
+Every profiled run is its own process (`python -c DRIVER`): one profiler recording per process, as
+`libreyolo profile run --repeat` does (a second recording in one process can corrupt timestamps).
 nbs=8: every step updates the weights, as every `bench step` step does, so the two time one step.
 Loader: 8 workers and cache=ram, about 590 images/s on the H200 host, above the ~400 a 20 ms graphed
 step consumes (`bench step` replays one batch, without a loader); with 4 workers (375 images/s) the

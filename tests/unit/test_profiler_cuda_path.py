@@ -1,6 +1,6 @@
 """The profiler hook's CUDA path on a CPU machine: torch.cuda's clocks, counters and the profiler
 replaced by fakes that write what a step does into a Kineto-like trace. It checks the window's
-layout end to end (timed steps timed by events, recorded steps, op steps in their own session),
+layout end to end (timed steps timed by events, recorded steps, op steps in their own recording),
 the allocator figures (a graph capture's allocations left out) and the memory-bound verdict; the
 figures themselves are the real GPU tests' (tests/gpu/test_profiler_gpu.py)."""
 
@@ -181,7 +181,7 @@ def test_the_cuda_window_end_to_end(fake_cuda, tmp_path):
     assert a["trace_ms_per_step"] == pytest.approx(0.02) and a["reserved_mb"] == 900 and a["limit_mb"] == 1000
     assert p["verdict"]["name"] == "memory-bound"
     assert p["verdict"]["reason"].startswith("2.0 cudaMalloc/cudaFree calls per step")
-    # The op steps' own session: the host operators per step.
+    # The op steps' own recording: the host operators per step.
     ops = p["host_ops"]
     assert ops["steps"] == OPS_STEPS and ops["rows"][0]["name"] == "aten::mul"
     assert ops["rows"][0]["calls_per_step"] == 1.0 and "op steps after the window" in ops["source"]

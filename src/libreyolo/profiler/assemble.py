@@ -131,7 +131,7 @@ def allocator_figures(watch: AllocatorWatch | None, trace: dict, steps: list[dic
 
 def host_op_figures(cuda: bool, window: list[dict], clock: tuple[float, int], tid: int, trace: dict,
                     ops_trace: dict | None, steps: list[dict]) -> dict | None:
-    """The host operators per step: from the op steps' CPU-only session (CUDA), or from the
+    """The host operators per step: from the op steps' CPU-only recording (CUDA), or from the
     recorded unsynchronised steps, which hold CPU ops on a CPU; outside each step's data phase.
     `tid`: the training thread."""
     if cuda:
@@ -142,7 +142,7 @@ def host_op_figures(cuda: bool, window: list[dict], clock: tuple[float, int], ti
         spans = [(us(w["t_before"]), us(w["t_after"])) for w in ops]
         table = T.host_ops(ops_trace, T.step_threads(ops_trace, tid), spans, len(ops))
         source = (f"{len(ops)} op steps after the window, recorded with CPU activity only (their own "
-                  f"profiler session: CPU-op recording roughly doubles a launch-bound step)")
+                  f"profiler recording: CPU-op recording roughly doubles a launch-bound step)")
     else:
         first = [s for s in steps if s["half"] == 1]
         spans = [(next(p["end"] for p in s["phases"] if p["name"] == "data"), s["cpu_end"]) for s in first]

@@ -10,7 +10,7 @@ last GPU op of a CPU range and so count idle gaps as busy. A kernel belongs to t
 span *launched* it (joined through the correlation id), not to the step during which it ran: an
 unsynchronised CPU runs ahead of the GPU, and attributing by launch makes a window's busy time
 the work that window asked for. Kernels that start before their own launch are dropped (repeated
-profiler sessions in one process corrupt the first timestamps, pytorch issue 192021).
+profiler recordings in one process corrupt the first timestamps, pytorch issue 192021).
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ Layout of the window, in contiguous segments after `profile_skip` untouched step
    overhead figure (these steps' median time against the timed steps').
 3. recorded, synchronised: the second half, synchronised around every phase: the step's
    composition (phases' synchronised, GPU and kernel busy times).
-4. op steps (CUDA only): OPS_STEPS steps under a second, CPU-only profiler session, for the host
+4. op steps (CUDA only): OPS_STEPS steps under a second, CPU-only profiler recording, for the host
    operators' table (`profile ops`). Recording CPU ops roughly doubles a launch-bound step, so they
    get steps of their own that time nothing else; on a CPU the recorded steps hold CPU ops anyway.
 
 Segments rather than interleaving: the profiler starts once (a start costs tens of ms to seconds,
-and repeated sessions in one process corrupt the first kernel timestamps, pytorch issue 192021).
+and repeated recordings in one process corrupt the first kernel timestamps, pytorch issue 192021).
 Then analyse, write the four artifacts, print the report when the epoch ends and remove the hook.
 Training continues unchanged: the profiler only observes (and, for `libreyolo profile run`, asks
 the trainer to stop after the window).
@@ -119,7 +119,7 @@ class ProfilerHook(Hook):
         self.window: list[dict] = []  # one record per window step
         self.profile: dict | None = None
         self.recorder: Recorder | None = None
-        self.prof = None  # the recording session (then the op steps' session)
+        self.prof = None  # the recording (then the op steps' recording)
         self.trace: dict | None = None
         self.region: tuple[Any, Any] | None = None  # (step context, its own capturable) while timed
         self.allocator: AllocatorWatch | None = None  # CUDA: the caching allocator over the timed and first-half steps
@@ -236,7 +236,7 @@ class ProfilerHook(Hook):
         # reads it at each start. A user's own setting is kept.
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         t = time.perf_counter()
-        if not self._start_session(ProfilerActivity.CUDA if self.cuda else ProfilerActivity.CPU,
+        if not self._start_profiler(ProfilerActivity.CUDA if self.cuda else ProfilerActivity.CPU,
                                    "the PyTorch profiler did not start", "no profile written, training continues"):
             self._release()
             self.state = "done"
@@ -247,8 +247,8 @@ class ProfilerHook(Hook):
         self.clock = clock_pair()
         self.state = "first"
 
-    def _start_session(self, activity, what: str, then: str) -> bool:
-        """Start a profiler session recording `activity`; False (and one warning line: `what`,
+    def _start_profiler(self, activity, what: str, then: str) -> bool:
+        """Start a profiler recording recording `activity`; False (and one warning line: `what`,
         the error, `then`) if it cannot start."""
         from torch.profiler import profile
 
@@ -264,7 +264,7 @@ class ProfilerHook(Hook):
             return False
 
     def _export(self, run_dir: Path) -> dict:
-        """Stop the current session and read its Chrome trace back (the temp file is removed)."""
+        """Stop the current recording and read its Chrome trace back (the temp file is removed)."""
         t = time.perf_counter()
         self.prof.stop()
         self.stop_s += time.perf_counter() - t
@@ -291,7 +291,7 @@ class ProfilerHook(Hook):
             return
         from torch.profiler import ProfilerActivity
 
-        if self.cuda and self._start_session(ProfilerActivity.CPU, "the op steps' profiler did not start",
+        if self.cuda and self._start_profiler(ProfilerActivity.CPU, "the op steps' profiler did not start",
                                              "the profile has no host-op table"):
             self.state = "ops"
         else:
@@ -304,7 +304,7 @@ class ProfilerHook(Hook):
             self.region = None
 
     def _release(self) -> None:
-        """Leave nothing behind: the step's own capturable, no recorder, no profiler session."""
+        """Leave nothing behind: the step's own capturable, no recorder, no profiler recording."""
         self._restore_region()
         markers.set_recorder(None)
         if self.prof is not None:
@@ -314,7 +314,7 @@ class ProfilerHook(Hook):
 
     def _finish(self, trainer) -> None:
         ops_trace = None
-        if self.prof is not None:  # the op steps' session
+        if self.prof is not None:  # the op steps' recording
             try:
                 ops_trace = self._export(trainer.run_dir)
             except Exception as exc:
