@@ -29,6 +29,7 @@ log = logging.getLogger("libreyolo")
 
 DEFAULT_WEIGHTS_URL = "https://github.com/libreyolo/libreyolo/releases/download/weights-v1"
 
+
 def cache_dir() -> Path:
     return Path(os.environ.get("LIBREYOLO_CACHE", Path.home() / ".cache" / "libreyolo"))
 
