@@ -123,7 +123,7 @@ def test_a_signal_at_start_up_is_the_same_one_line(cli_env, tmp_path):
 
 SLOW_CLEANUP = """
 import os, signal, sys, time
-from libreyolo.engine.signals import install
+from libreyolo.signals import install
 install()
 try:
     print("ready", flush=True)

@@ -312,7 +312,7 @@ def usage_error_line(exc) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..engine.signals import exit_code, install, interrupted_line, restore, unsaid
+    from ..signals import exit_code, install, interrupted_line, restore, unsaid
 
     saved = install()  # first: a SIGTERM or Ctrl-C at start-up is the same one line as one mid-run
     try:
@@ -359,7 +359,7 @@ def _main(argv: list[str] | None) -> None:
         typer.echo("aborted", err=True)
         sys.exit(1)
     if isinstance(code, int) and code:  # typer.Exit(n) comes back as n without standalone_mode
-        from ..engine.signals import unsaid
+        from ..signals import unsaid
 
         if code == 130 and unsaid() is not None:  # typer's own silent 130 for a signal while parsing
             raise unsaid()

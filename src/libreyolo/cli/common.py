@@ -29,7 +29,7 @@ def user_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from ..engine.signals import exit_code, interrupted_line, unsaid
+        from ..signals import exit_code, interrupted_line, unsaid
 
         try:
             result = fn(*args, **kwargs)
@@ -45,7 +45,7 @@ def user_errors(fn: Callable) -> Callable:
             if not rank or getattr(exc, "per_rank", False):
                 typer.echo(f"error: {f'rank {rank}: ' if rank else ''}{one_line(str(exc))}", err=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (engine/signals.py): 130 or 143
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (signals.py): 130 or 143
             if not process_rank():
                 typer.echo(f"error: {one_line(interrupted_line(exc))}", err=True)
             raise typer.Exit(exit_code(exc)) from None

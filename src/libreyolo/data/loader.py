@@ -148,7 +148,7 @@ def _ignore_interrupts_in_worker() -> None:
     for them forever), and a scheduler's SIGTERM to the group reaches them too, where dying by
     the signal would make the main process report a killed worker over its own interrupt."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _end_worker)  # engine/signals.py answers them in the main process
+    signal.signal(signal.SIGTERM, _end_worker)  # signals.py answers them in the main process
 
 
 def _end_worker(signum, frame) -> None:
