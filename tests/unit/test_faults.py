@@ -431,7 +431,7 @@ def test_a_damaged_results_csv_without_history_in_the_checkpoint_is_refused(tmp_
 def test_interrupts_say_the_signal_and_exit_128_plus_it():
     import signal
 
-    from libreyolo.engine.signals import Interrupted, exit_code, interrupted_line, note
+    from libreyolo.signals import Interrupted, exit_code, interrupted_line, note
 
     term = Interrupted(signal.SIGTERM)
     note(term, "epoch 3, step 2", "the last good state is x/last.pt (end of epoch 2)")

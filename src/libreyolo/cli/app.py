@@ -49,7 +49,7 @@ def user_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from ..engine.signals import exit_code, interrupted_line, unsaid
+        from ..signals import exit_code, interrupted_line, unsaid
 
         try:
             result = fn(*args, **kwargs)
@@ -65,7 +65,7 @@ def user_errors(fn: Callable) -> Callable:
             if not rank or getattr(exc, "per_rank", False):
                 typer.echo(f"error: {f'rank {rank}: ' if rank else ''}{one_line(str(exc))}", err=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (engine/signals.py): 130 or 143
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (signals.py): 130 or 143
             if not _rank():
                 typer.echo(f"error: {one_line(interrupted_line(exc))}", err=True)
             raise typer.Exit(exit_code(exc)) from None
@@ -359,7 +359,7 @@ def usage_error_line(exc) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..engine.signals import exit_code, install, interrupted_line, restore, unsaid
+    from ..signals import exit_code, install, interrupted_line, restore, unsaid
 
     saved = install()  # first: a SIGTERM or Ctrl-C at start-up is the same one line as one mid-run
     try:
@@ -404,7 +404,7 @@ def _main(argv: list[str] | None) -> None:
         typer.echo("aborted", err=True)
         sys.exit(1)
     if isinstance(code, int) and code:  # typer.Exit(n) comes back as n without standalone_mode
-        from ..engine.signals import unsaid
+        from ..signals import unsaid
 
         if code == 130 and unsaid() is not None:  # typer's own silent 130 for a signal while parsing
             raise unsaid()

@@ -1,7 +1,7 @@
 """The `libreyolo` command's entry point: the signal handlers first, then the command line.
 
 Kept apart from cli/app.py so that nothing slow (typer, then torch) is imported before a Ctrl-C
-or a SIGTERM is answered with one line (engine/signals.py): the window without the handlers is
+or a SIGTERM is answered with one line (signals.py): the window without the handlers is
 Python's own start-up.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 def main(argv: list[str] | None = None) -> None:
-    from ..engine.signals import install
+    from ..signals import install
 
     install()
     try:
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as exc:  # a signal while typer loads (or what it broke there)
         import sys
 
-        from ..engine.signals import exit_code, interrupted_line, unsaid
+        from ..signals import exit_code, interrupted_line, unsaid
 
         pending = exc if isinstance(exc, KeyboardInterrupt) else unsaid()
         if pending is None:

@@ -140,7 +140,7 @@ def shard(n: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 def _seed_worker(worker_id: int) -> None:
-    from ..engine.signals import ignore_in_worker
+    from ..signals import ignore_in_worker
 
     ignore_in_worker()  # Ctrl-C reaches the whole process group: the main process answers it alone
     # torch seeds each worker from the loader's generator; pass it on to numpy and random for

@@ -13,8 +13,8 @@ import yaml
 from ..atomic import write_text_atomic
 from ..config import TrainConfig
 from ..errors import LibreYOLOError
+from ..signals import check
 from .lock import LOCK_NAME, RunLock
-from .signals import check
 
 log = logging.getLogger("libreyolo")
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import signals
 from ..atomic import write_json_atomic
 from ..config import TrainConfig
 from ..families import arch_name
@@ -26,7 +27,7 @@ from ..families.base import FamilySpec
 from ..profiler.markers import phase
 from ..tasks.base import TaskSpec
 from . import checkpoint as ckpt_io
-from . import distributed, diverge, signals
+from . import distributed, diverge
 from .builder import build_step_context, cudnn_autotune, place_model, seed_everything, set_cudnn_autotune
 from .device import device_name, out_of_memory_as_error
 from .hooks import Hook
