@@ -15,7 +15,8 @@ checkpoint write then in flight is abandoned as a temp file, and last.pt stays t
 SIGXFSZ is ignored, as CPython itself does at start-up: a file-size limit (`ulimit -f`) then
 fails the write with EFBIG, one line naming the file, instead of killing the process.
 
-No torch here: the CLI installs this before it imports anything heavy.
+No torch here, and outside engine/ (whose modules the torch-free readers, `profile summary`
+and friends, never import): the CLI installs this before it imports anything heavy.
 """
 
 from __future__ import annotations

@@ -155,9 +155,11 @@ class ImageCache:
 
     def _write_npy(self, i: int) -> None:
         # Atomic, so an interrupted fill never leaves a torn .npy. Saved through a file object:
-        # np.save would append `.npy` to a temp path that lacks it.
+        # np.save would append `.npy` to a temp path that lacks it. Decoded first: an image that
+        # fails to read is not a failed write.
+        image = self.loader(self.files[i]).permute(1, 2, 0).numpy()
         with atomic_path(self._npy(i)) as tmp, tmp.open("wb") as f:
-            np.save(f, self.loader(self.files[i]).permute(1, 2, 0).numpy())
+            np.save(f, image)
 
 
 def _disk_folder(files: list[Path], imgsz: int) -> Path:
