@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 LANES = {
     # CUDA graphs against eager, the step's host syncs and scaler, every family's step and predict
     "train": ("test_graphs_gpu.py", "test_step_gpu.py", "test_families_gpu.py", "test_rtmdet_gpu.py"),
@@ -47,3 +49,16 @@ def pytest_ignore_collect(collection_path: Path, config):
     if lane is None or collection_path.parent != here or not collection_path.name.startswith("test_"):
         return None
     return collection_path.name not in LANES[lane]
+
+
+@pytest.fixture
+def deterministic_cudnn():
+    """Deterministic cuDNN algorithms and no autotuning for one test, restored afterwards: the
+    tests that hold a graphed run to an eager one step by step need both sides to pick the same
+    kernels."""
+    import torch
+
+    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved

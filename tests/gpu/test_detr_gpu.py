@@ -39,21 +39,13 @@ from libreyolo.engine.graphs import GraphManager
 from libreyolo.engine.step import train_step
 from libreyolo.families import REGISTRY
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("deterministic_cudnn")]
 
 DEVICE = torch.device("cuda")
 DETRS = sorted(f for f, spec in REGISTRY.items() if spec.capture.region == "encoder")
 STEPS = 20
 LOSS_RTOL = 1e-4
 GRAD_RTOL = 1e-3
-
-
-@pytest.fixture(autouse=True)
-def _deterministic_cudnn():
-    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
 
 
 def _context(family: str, init: dict, graphed: bool):

@@ -23,18 +23,10 @@ from libreyolo.engine.graphs import GraphManager
 from libreyolo.engine.step import train_step
 from libreyolo.families import get_family
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("deterministic_cudnn")]
 
 DEVICE = torch.device("cuda")
 RTOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _deterministic_cudnn():
-    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
 
 
 def _contexts(amp=True, amp_dtype="float16", channels_last=False, max_graphs=1, family="yolo9"):

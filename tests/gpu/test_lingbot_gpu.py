@@ -27,7 +27,7 @@ from libreyolo.engine.graphs import GraphManager
 from libreyolo.engine.step import train_step
 from libreyolo.families import get_family
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("deterministic_cudnn")]
 
 DEVICE = torch.device("cuda")
 RTOL = 1e-5       # the floor of every bound: float32 rounding of one step
@@ -70,14 +70,6 @@ def _flat(tensors):
 
 def _rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
-@pytest.fixture(autouse=True)
-def _deterministic_cudnn():
-    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["float32", "bfloat16"])

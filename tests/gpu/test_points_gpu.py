@@ -24,19 +24,11 @@ from libreyolo.engine.graphs import GraphManager
 from libreyolo.engine.step import train_step
 from libreyolo.families import get_family
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("deterministic_cudnn")]
 
 DEVICE = torch.device("cuda")
 SPEC = get_family("fomo")
 RTOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _deterministic_cudnn():
-    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
 
 
 def _config(**over):
