@@ -6,10 +6,12 @@ from torch import nn
 
 from libreyolo.engine.optim import (
     VIEW_ALIGN_BYTES,
+    AUTO_MAX_ADAMW_STEPS,
     accumulate_steps,
     build_optimizer,
     implementation_kwargs,
     param_groups,
+    resolve_accumulate,
 )
 from libreyolo.errors import ConfigError
 
@@ -22,7 +24,8 @@ def tiny_model():
 
 
 def cfg(**kw):
-    base = {"optimizer": "sgd", "lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "batch": 16, "nbs": 64}
+    base = {"optimizer": "sgd", "lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "batch": 16, "nbs": 64,
+            "accumulate": "auto"}
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -31,6 +34,49 @@ def test_accumulate_steps():
     assert accumulate_steps(64, 64) == 1
     assert accumulate_steps(128, 64) == 1
     assert accumulate_steps(24, 64) == 3
+
+
+def train_cfg(**kw):
+    from libreyolo.config import build_config
+
+    return build_config({"model": "yolo9-t", "data": "shapes", **kw})
+
+
+def test_accumulate_auto_drops_accumulation_in_short_runs_and_says_so():
+    # 64 images at batch 8 for 50 epochs: 8 batches an epoch, 50 optimizer steps at nbs=64.
+    cfg_, line = resolve_accumulate(train_cfg(batch=8, epochs=50), 8, explicit=frozenset({"batch", "epochs"}))
+    assert cfg_.accumulate == 1
+    assert line.startswith("accumulate=auto: 1 batch per optimizer step instead of round(nbs/batch) = 8")
+    assert "400 optimizer steps instead of 50" in line
+
+
+def test_accumulate_auto_keeps_the_run_at_the_threshold_and_long_runs_at_nbs():
+    # 30,000 batches: 3 accumulated keep 10,000 steps; the nominal 8 would leave 3,750.
+    cfg_, line = resolve_accumulate(train_cfg(batch=8, epochs=30), 1000, explicit=frozenset())
+    assert cfg_.accumulate == 30_000 // AUTO_MAX_ADAMW_STEPS == 3 and "3 batches" in line
+    # At the threshold the rule meets round(nbs/batch): no jump where a run becomes long.
+    spe = AUTO_MAX_ADAMW_STEPS * 8 // 10
+    cfg_, line = resolve_accumulate(train_cfg(batch=8, epochs=10), spe, explicit=frozenset())
+    assert (cfg_.accumulate, line) == (8, None)
+    cfg_, line = resolve_accumulate(train_cfg(batch=8, epochs=10), spe + 8, explicit=frozenset())
+    assert (cfg_.accumulate, line) == (8, None)
+
+
+@pytest.mark.parametrize("given, explicit, expected", [
+    ({"nbs": 32}, {"nbs"}, 4),              # nbs given: round(nbs/batch), as typed
+    ({"accumulate": 2}, {"accumulate"}, 2),  # accumulate given: kept
+    ({}, None, 8),                          # a resume of a run from before the key: round(nbs/batch)
+])
+def test_accumulate_given_or_resumed_is_kept(given, explicit, expected):
+    cfg_, line = resolve_accumulate(train_cfg(batch=8, epochs=50, **given), 8,
+                                    explicit=None if explicit is None else frozenset(explicit))
+    assert (cfg_.accumulate, line) == (expected, None)
+
+
+def test_weight_decay_stays_per_image_without_accumulation():
+    # accumulate 1 at batch 8: a step sees 8 of the 64 nominal images, so 1/8 of the decay.
+    opt = build_optimizer(tiny_model(), cfg(batch=8, accumulate=1), device_type="cpu")
+    assert opt.param_groups[0]["weight_decay"] == pytest.approx(5e-4 * 8 / 64)
 
 
 def test_param_groups_split_weights_norms_and_biases():

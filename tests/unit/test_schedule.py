@@ -12,7 +12,7 @@ from libreyolo.errors import ConfigError
 def cfg(**kw):
     base = {
         "optimizer": "sgd", "lr0": 0.01, "lrf": 0.01, "lr_schedule": "cosine", "epochs": 10,
-        "momentum": 0.937, "weight_decay": 5e-4, "batch": 16, "nbs": 64, "warmup_epochs": 3.0,
+        "momentum": 0.937, "weight_decay": 5e-4, "batch": 16, "nbs": 64, "accumulate": "auto", "warmup_epochs": 3.0,
         "warmup_momentum": 0.8, "warmup_bias_lr": 0.1,
     }
     return SimpleNamespace(**{**base, **kw})

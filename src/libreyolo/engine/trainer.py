@@ -31,7 +31,7 @@ from . import distributed, diverge
 from .builder import build_step_context, cudnn_autotune, place_model, seed_everything, set_cudnn_autotune
 from .device import device_name, out_of_memory_as_error
 from .meter import LossMeter
-from .optim import accumulate_steps, resolve_auto
+from .optim import accumulation, resolve_accumulate, resolve_auto
 from .recipe import resolve_recipe
 from .run import Hook
 from .schedule import LRSchedule
@@ -85,9 +85,11 @@ class Trainer:
             if 0 < tail < w.size:
                 log.info(f"the last {tail} image(s) of each epoch's order are left out: fewer than one per process")
         self.steps_per_epoch = len(self.train_loader)
-        updates = cfg.epochs * math.ceil(self.steps_per_epoch / accumulate_steps(cfg.batch, cfg.nbs))
         # The default policies, now that the run's length is known: the recipe (the family's
-        # published one or the generic), then the optimizer (which the recipe may leave `auto`).
+        # published one or the generic), then the optimizer (which the recipe may leave `auto`),
+        # both by the optimizer steps at the accumulation given (else round(nbs/batch), the peer
+        # trainer's count for the same choices), then the accumulation itself.
+        updates = cfg.epochs * math.ceil(self.steps_per_epoch / accumulation(cfg))
         resolved, message = resolve_recipe(cfg, family, size, explicit, updates)
         if message:
             log.info(message)
@@ -96,7 +98,10 @@ class Trainer:
         cfg, message = resolve_auto(resolved, len(data_cfg.names), updates, explicit)
         if message:
             log.info(message)
-        self.cfg = cfg  # checkpoints hold the resolved recipe and optimizer: a resume trains on with them
+        cfg, message = resolve_accumulate(cfg, self.steps_per_epoch, explicit)
+        if message:
+            log.info(message)
+        self.cfg = cfg  # checkpoints hold the resolved recipe, optimizer and accumulation: a resume trains on with them
         autotune, message = cudnn_autotune(cfg, self.steps_per_epoch, len(self.train_loader.sampler.sizes))
         set_cudnn_autotune(cfg, autotune)
         if message and device.type == "cuda":
@@ -104,7 +109,7 @@ class Trainer:
         self.ctx = build_step_context(cfg, family, self.model, device)
         self.optimizer, self.precision, self.ema, self.criterion, self.graphs = (
             self.ctx.optimizer, self.ctx.precision, self.ctx.ema, self.ctx.criterion, self.ctx.graphs)
-        self.schedule = LRSchedule(self.optimizer, cfg, self.steps_per_epoch, accumulate_steps(cfg.batch, cfg.nbs))
+        self.schedule = LRSchedule(self.optimizer, cfg, self.steps_per_epoch, cfg.accumulate)
         self.hooks: list[Hook] = list(hooks) if w.main else []
         self.start_epoch, self.epoch, self.batch_index, self.iteration = 0, 0, 0, 0
         self.stop = False  # set by a hook to end the run (early stopping, `profile run`)
