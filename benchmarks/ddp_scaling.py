@@ -29,12 +29,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_to_accuracy import make_data  # noqa: E402
 
-ARMS = {"1gpu": {"batch": 16, "device": "0"}, "2gpu": {"batch": 32, "device": "0,1"}}
+from libreyolo.data.shapes import NAMES  # noqa: E402  (make_data's classes)
+
+MODEL, AMP_DTYPE, BATCH_PER_GPU = "yolo9-t", "float16", 16
+ARMS = {"1gpu": {"batch": BATCH_PER_GPU, "device": "0"}, "2gpu": {"batch": 2 * BATCH_PER_GPU, "device": "0,1"}}
 
 
 def run(arm: str, seed: int, args, data: Path) -> dict:
-    keys = {"model": "yolo9-t", "data": str(data), "imgsz": args.imgsz, "epochs": args.epochs, "workers": args.workers,
-            "amp_dtype": "float16", "seed": seed, "eval_interval": args.epochs, "project": str(args.work),
+    keys = {"model": MODEL, "data": str(data), "imgsz": args.imgsz, "epochs": args.epochs, "workers": args.workers,
+            "amp_dtype": AMP_DTYPE, "seed": seed, "eval_interval": args.epochs, "project": str(args.work),
             "name": f"{arm}-s{seed}", "exist_ok": "true", **ARMS[arm]}
     cmd = [sys.executable, "-m", "libreyolo", "train", *(f"{k}={v}" for k, v in keys.items()), "--json"]
     log = args.work / f"{arm}-s{seed}.log"
@@ -82,7 +85,10 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     data = make_data(args.work, args.train, args.val)
     records: list[dict] = []
-    doc = {"method": __doc__.split("\n\n", 2)[2].strip(), "epochs": args.epochs, "train_images": args.train,
+    # `setup` is what benchmarks/scaling_model.py --check reads to predict this run
+    setup = {"model": MODEL, "imgsz": args.imgsz, "amp_dtype": AMP_DTYPE, "batch_per_gpu": BATCH_PER_GPU,
+             "gpus": len(ARMS["2gpu"]["device"].split(",")), "classes": len(NAMES)}
+    doc = {"method": __doc__.split("\n\n", 2)[2].strip(), "setup": setup, "epochs": args.epochs, "train_images": args.train,
            "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("NCCL_")}, "runs": records}
     for seed in args.seeds:  # interleaved, so a drifting machine affects both arms alike
         for arm in ARMS:

@@ -79,7 +79,9 @@
 #                    2 (batch=32 device=0,1, DDP under the elastic launcher), DDP_EPOCHS epochs
 #                    (default 10), seeds DDP_SEEDS (default "0 1"): images/s, scaling efficiency and
 #                    mAP at equal epochs in ddp_scaling.json/.md (benchmarks/ddp_scaling.py). NCCL's
-#                    settings come from the machine's environment (NVLink multicast stays off)
+#                    settings come from the machine's environment (NVLink multicast stays off). Then
+#                    the scaling model's prediction against it: ddp_scaling_check.json/.txt
+#                    (benchmarks/scaling_model.py --check)
 #
 # REPEAT=N runs every bench arm N times (arms interleaved) and records the run-to-run spread.
 #
@@ -298,6 +300,9 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
       python3 benchmarks/ddp_scaling.py --epochs "${DDP_EPOCHS:-10}" --seeds ${DDP_SEEDS:-0 1} --workers 8 \
         --work /tmp/ddp --out "$out/ddp_scaling.json" > "$out/ddp_scaling.md" 2>&1
       tail -3 "$out/ddp_scaling.md"
+      python3 benchmarks/scaling_model.py --check "$out/ddp_scaling.json" --json "$out/ddp_scaling_check.json" \
+        > "$out/ddp_scaling_check.txt" 2>&1
+      cat "$out/ddp_scaling_check.txt"
       (cd /tmp/ddp && tar czf "$out/ddp_logs.tgz" *.log */timings.json */results.csv 2>/dev/null) ;;
     bench:*:*)
       IFS=: read -r _ model batch <<< "$1"
