@@ -150,9 +150,9 @@ def test_planted_faults_show_up(tmp_path, monkeypatch, one_thread):
     get_item, loss_call = TrainDataset.__getitem__, YOLO9Loss.__call__
 
     def slow(self, key):
-        # A slow disk or decoder: 0.5 s per batch against ~0.03 s of compute, so even a machine
-        # many times slower (a loaded CI runner) computes for well under 80 % of the step.
-        time.sleep(0.25)
+        # A slow disk or decoder: 1 s per batch against ~0.03 s of compute idle (0.5 s seen on a
+        # 2-core machine running two suites), so the data wait stays well over half the step.
+        time.sleep(0.5)
         return get_item(self, key)
 
     def with_sync(self, preds, targets):
