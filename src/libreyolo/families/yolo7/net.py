@@ -29,8 +29,9 @@ one (level, anchor, y, x), in that order (`rows`); decoding (`AnchorLayout.decod
 
 Size figures: the published 36.9M params / 104.7 GFLOPs (YOLOv7) and 6.2M / 13.8 GFLOPs (tiny) at
 640 px, 80 classes (paper tables 1-2) count the deploy form (RepConv merged, BatchNorm and implicit
-layers folded; the authors' test.py fuses before it counts). Measured fused with
-torch.utils.flop_counter (2 x MACs, as thop x 2): tests/unit/test_yolo7_net.py, docs/families.md.
+layers folded: the authors' detect.py prints 6,219,709 and 36,905,341 parameters after fusing).
+This network, fused, has exactly those counts; GFLOPs measured with torch.utils.flop_counter
+(2 x MACs, as thop x 2): tests/unit/test_yolo7_net.py, docs/families.md.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ class YOLO7Net(nn.Module):
     def __init__(self, arch: Arch, num_classes: int):
         super().__init__()
         tiny = arch.tiny
-        depth, step = (2, 1) if tiny else (4, 2)  # backbone ELANs: chains of 2 (tiny) or 4 taps at 2, 4
+        depth, step = (2, 1) if tiny else (4, 2)  # backbone ELANs: tiny taps both of 2 convs, base every 2nd of 4
         c = 3
         stem = []
         for c_out, s in arch.stem:
