@@ -1,15 +1,16 @@
 """Export a model for deployment: ONNX (onnxruntime, TensorRT, OpenVINO, ...) or a torch.export
 program (`.pt2`, for PyTorch runtimes without the LibreYOLO sources). docs/export.md is the guide.
 
-The file computes `model.predict(images)`, the decode included, and nothing more:
+The file computes `model.predict(images)` of the deploy form (as predict's: BatchNorm folded into
+the convs, re-parameterised blocks merged, `fuse_`), the decode included, and nothing more:
 - input `images`: float32 [B, 3, S, S], RGB, values in [0, 1], prepared as validation and predict
   prepare an image (`task.prepare`): a detector's image is resized to long side S and centred on an
   S x S canvas of grey 114 (data/augment.FILL; 114 / 255 after scaling); a classifier's is resized
   to short side round(S / 0.875) and centre-cropped to S x S; a segmentation network's resized
   to S x S (bilinear);
 - output `output`: detection [B, N, 4 + nc], boxes xyxy in input pixels, then per-class scores in
-  [0, 1], one row per anchor (N = the sum over strides s of (S / s)^2; a DETR: one row per query,
-  N = min(300, that sum)); classification [B, nc] probabilities (softmax); point detection
+  [0, 1], one row per anchor (N = the sum over strides s of (S / s)^2, times 3 for YOLOv7's three
+  anchors per cell, `rows_per_cell`; a DETR: one row per query, N = min(300, that sum)); classification [B, nc] probabilities (softmax); point detection
   [B, 1 + nc, S / 8, S / 8] per-cell probabilities (softmax, background first); segmentation
   [B, nc, S, S] per-pixel probabilities (softmax, the logits upsampled bilinearly to S x S inside
   the file).
@@ -253,10 +254,13 @@ class _Built:
 
 def _build(source, imgsz: int | None, device: str) -> _Built:
     from .engine.builder import build_model
+    from .families.common import fuse_model_
     from .resolve import inference_setup
 
     task, names, imgsz, target = inference_setup(source, imgsz, device, "export")
-    model = build_model(source, len(names), exact=True).float().eval().to(target)
+    # The deploy form, as predict's: BatchNorm folded into the convs, re-parameterised blocks
+    # (YOLOv7's RepConv and implicit layers, YOLOv9's RepConvN, RT-DETR's RepVGG) merged.
+    model = fuse_model_(build_model(source, len(names), exact=True).float().eval()).to(target)
     stride = max(getattr(model, "strides", (CLASSIFIER_STRIDE,)))
     if imgsz % stride or imgsz < stride:
         below = imgsz // stride * stride

@@ -95,9 +95,9 @@ def test_graphed_training_matches_eager(amp, amp_dtype, channels_last):
     assert stats["captured_shapes"] == [[8, 3, 256, 256]] and stats["pool_mb"] > 0
 
 
-@pytest.mark.parametrize("family", ["yolox", "rtmdet"])
+@pytest.mark.parametrize("family", ["yolox", "rtmdet", "yolo7"])
 def test_other_families_graphed_match_eager(family):
-    """YOLOX and RTMDet through the same check (bfloat16, channels_last, 10 steps). RTMDet's head
+    """YOLOX, RTMDet and YOLOv7 through the same check (bfloat16, channels_last, 10 steps). RTMDet's head
     convs are shared across the three pyramid levels, so their gradient is a sum of three
     contributions: its relative difference, graphed vs eager, is printed for the docs."""
     eager, graphed, manager = _contexts(True, "bfloat16", True, family=family)

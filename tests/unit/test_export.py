@@ -93,7 +93,7 @@ def test_every_family_exports_to_onnx(family, tmp_path, capfd):
     images = sample_images(task, 64, n)
     out = torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
     want = _reference(arch, images)
-    cells = sum((64 // s) ** 2 for s in getattr(model, "strides", ()))
+    cells = sum((64 // s) ** 2 for s in getattr(model, "strides", ())) * getattr(model, "rows_per_cell", 1)
     rows = min(300, cells) if getattr(model, "end_to_end", False) else cells  # a DETR: one row per query
     assert ("no NMS needed" in meta["postprocess"]) == getattr(model, "end_to_end", False)
     shapes = {"detect": (n, rows, 4 + nc), "classify": (n, nc), "points": (n, 1 + nc, 64 // stride, 64 // stride),

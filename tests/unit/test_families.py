@@ -55,7 +55,8 @@ def _dfine(model):
 # rtdetr/rtdetrv2 0.35-0.38 (1e-3, 20 denoising queries).
 OVERFIT = {"yolo9": ("t", 1e-3, None), "yolox": ("n", 4e-3, _yolox), "rtmdet": ("t", 1e-3, _rtmdet),
            "rtdetr": ("r18", 1e-3, _few_denoising_groups), "rtdetrv2": ("r18", 1e-3, _few_denoising_groups),
-           "dfine": ("n", 1e-3, _dfine), "deim": ("n", 1e-3, _dfine), "rtdetrv4": ("s", 1e-3, _dfine)}
+           "dfine": ("n", 1e-3, _dfine), "deim": ("n", 1e-3, _dfine), "rtdetrv4": ("s", 1e-3, _dfine),
+           "yolo7": ("t", 1e-3, None)}
 # What must halve: the whole loss, or for D-FINE-style losses the box terms. Their FGL grows as the
 # boxes start to overlap (its weight is the IoU, ~0 at init), so their total falls only to 0.53-0.69
 # of its start in 30 steps (lr 1e-4 to 4e-3, seeds 0-3) while L1 + GIoU fall to 0.41-0.44 (seed 0,
@@ -96,7 +97,7 @@ def _all_terms_on(family, model):
 
 # Loss items that must be exactly zero for an image without objects (every other item > 0).
 # The DETRs' classification term stays > 0: every query is scored against "no object".
-EMPTY_ZERO = {"yolo9": ("box", "dfl"), "yolox": ("box", "cls", "l1"), "rtmdet": ("box",),
+EMPTY_ZERO = {"yolo9": ("box", "dfl"), "yolox": ("box", "cls", "l1"), "rtmdet": ("box",), "yolo7": ("box", "cls"),
               "rtdetr": ("l1", "giou"), "rtdetrv2": ("l1", "giou"), **dict.fromkeys(
                   ("dfine", "deim", "rtdetrv4"), ("l1", "giou", "fgl", "ddf"))}
 
@@ -205,8 +206,8 @@ def test_channels_last_matches_contiguous(family):
         model = model.to(memory_format=torch.channels_last)
         got = model.capturable(x.contiguous(memory_format=torch.channels_last))
         pred = model.predict(x.contiguous(memory_format=torch.channels_last))
-    if "detect" in spec.tasks:  # one prediction per cell (a DETR: per query, at most 300)
-        cells = sum((64 // st) ** 2 for st in model.strides)
+    if "detect" in spec.tasks:  # one prediction per cell or anchor (a DETR: per query, at most 300)
+        cells = sum((64 // st) ** 2 for st in model.strides) * getattr(model, "rows_per_cell", 1)
         assert pred.shape == (2, min(cells, 300) if getattr(model, "end_to_end", False) else cells, 4 + 4)
     for r, g in zip(ref, got):
         assert torch.allclose(r, g, atol=1e-4, rtol=1e-4)

@@ -59,6 +59,7 @@ from .rtdetr.spec import SPEC_V2 as _RTDETRV2  # noqa: E402
 from .rtdetrv4.spec import SPEC as _RTDETRV4  # noqa: E402
 from .rtmdet.spec import SPEC as _RTMDET  # noqa: E402
 from .segformer.spec import SPEC as _SEGFORMER  # noqa: E402
+from .yolo7.spec import SPEC as _YOLO7  # noqa: E402
 from .yolo9.spec import SPEC as _YOLO9  # noqa: E402
 from .yolox.spec import SPEC as _YOLOX  # noqa: E402
 
@@ -75,3 +76,4 @@ register(_RTDETRV4)
 register(_FOMO)
 register(_SEGFORMER)
 register(_LINGBOT)
+register(_YOLO7)

@@ -14,6 +14,8 @@ Training model contract (an `nn.Module` returned by `FamilySpec.build`):
   (`tasks/<task>.py`, `TaskSpec.predicts`; detection: [B, N, 4 + num_classes], boxes xyxy in input
   pixels then per-class scores in [0, 1]); used by validation.
 - `model.num_classes` (and `model.strides` for the detectors).
+- optionally `model.rows_per_cell` (default 1): a detector's `predict` rows per feature-map cell;
+  3 for YOLOv7, whose head predicts one box per anchor and has three anchors per cell.
 - optionally `model.end_to_end = True`: `predict` already holds one prediction per object (DETR's
   queries), so validation and predict take the top-k (query, class) scores instead of NMS.
 - optionally `model.set_epoch(epoch, cfg) -> reason | None`: an epoch-dependent change of what
