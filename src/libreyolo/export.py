@@ -1,7 +1,9 @@
 """Export a model for deployment: ONNX (onnxruntime, TensorRT, OpenVINO, ...) or a torch.export
 program (`.pt2`, for PyTorch runtimes without the LibreYOLO sources). docs/export.md is the guide.
 
-The file computes `model.predict(images)`, the decode included, and nothing more:
+The file computes `model.predict(images)` of the deploy form, the decode included, and nothing more
+(the deploy form is predict's: every block with `fuse_` folded, BatchNorm into its conv and the
+re-parameterisable blocks, YOLOv9's RepConvN and YOLO-NAS's QARepVGG, merged into one conv):
 - input `images`: float32 [B, 3, S, S], RGB, values in [0, 1], prepared as validation and predict
   prepare an image (`task.prepare`): a detector's image is resized to long side S and centred on an
   S x S canvas of grey 114 (data/augment.FILL; 114 / 255 after scaling); a classifier's is resized
@@ -253,10 +255,11 @@ class _Built:
 
 def _build(source, imgsz: int | None, device: str) -> _Built:
     from .engine.builder import build_model
+    from .families.common import fuse_model_
     from .resolve import inference_setup
 
     task, names, imgsz, target = inference_setup(source, imgsz, device, "export")
-    model = build_model(source, len(names), exact=True).float().eval().to(target)
+    model = fuse_model_(build_model(source, len(names), exact=True).float().eval()).to(target)
     stride = max(getattr(model, "strides", (CLASSIFIER_STRIDE,)))
     if imgsz % stride or imgsz < stride:
         below = imgsz // stride * stride
