@@ -60,6 +60,7 @@ from .rtdetrv4.spec import SPEC as _RTDETRV4  # noqa: E402
 from .rtmdet.spec import SPEC as _RTMDET  # noqa: E402
 from .segformer.spec import SPEC as _SEGFORMER  # noqa: E402
 from .yolo9.spec import SPEC as _YOLO9  # noqa: E402
+from .yolonas.spec import SPEC as _YOLONAS  # noqa: E402
 from .yolox.spec import SPEC as _YOLOX  # noqa: E402
 
 register(_YOLO9)
@@ -75,3 +76,4 @@ register(_RTDETRV4)
 register(_FOMO)
 register(_SEGFORMER)
 register(_LINGBOT)
+register(_YOLONAS)
