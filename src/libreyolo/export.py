@@ -1,8 +1,10 @@
 """Export a model for deployment: ONNX (onnxruntime, TensorRT, OpenVINO, ...) or a torch.export
 program (`.pt2`, for PyTorch runtimes without the LibreYOLO sources). docs/export.md is the guide.
 
-The file computes `model.predict(images)` of the deploy form (as predict's: BatchNorm folded into
-the convs, re-parameterised blocks merged, `fuse_`), the decode included, and nothing more:
+The file computes `model.predict(images)` of the deploy form, the decode included, and nothing more
+(the deploy form is predict's: every block with `fuse_` folded, BatchNorm into its conv and the
+re-parameterisable blocks, YOLOv7's RepConv, YOLOv9's RepConvN and YOLO-NAS's QARepVGG, merged
+into one conv):
 - input `images`: float32 [B, 3, S, S], RGB, values in [0, 1], prepared as validation and predict
   prepare an image (`task.prepare`): a detector's image is resized to long side S and centred on an
   S x S canvas of grey 114 (data/augment.FILL; 114 / 255 after scaling); a classifier's is resized

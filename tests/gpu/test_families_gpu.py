@@ -23,7 +23,7 @@ def _l1(on):
 # (family, size, prepare): the variants whose loss paths differ.
 VARIANTS = [("yolo9", "t", None), ("yolox", "s", _l1(False)), ("yolox", "s", _l1(True)),
             ("rtmdet", "t", None), ("rtmdet", "m", None),  # rtmdet t: linear distances, m: exp
-            ("yolo7", "t", None)]
+            ("yolo7", "t", None), ("yolonas", "s", None)]
 
 
 def test_every_family_has_a_variant():

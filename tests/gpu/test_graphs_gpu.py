@@ -29,16 +29,16 @@ DEVICE = torch.device("cuda")
 RTOL = 1e-5
 
 
-def _contexts(amp=True, amp_dtype="float16", channels_last=False, max_graphs=1, family="yolo9"):
+def _contexts(amp=True, amp_dtype="float16", channels_last=False, max_graphs=1, family="yolo9", size="t"):
     """(eager context, graphed context, manager) from the same initial weights."""
     spec = get_family(family)
-    cfg = build_config({"model": f"{family}-t", "amp": amp, "amp_dtype": amp_dtype, "batch": 8,
+    cfg = build_config({"model": f"{family}-{size}", "amp": amp, "amp_dtype": amp_dtype, "batch": 8,
                         "imgsz": 256, "channels_last": channels_last}, spec.defaults)
     torch.manual_seed(0)
-    init = spec.build("t", 10).state_dict()
+    init = spec.build(size, 10).state_dict()
     out = []
     for _ in range(2):
-        model = spec.build("t", 10)
+        model = spec.build(size, 10)
         model.load_state_dict(init)
         model = model.to(DEVICE).train()
         if channels_last:
@@ -95,12 +95,12 @@ def test_graphed_training_matches_eager(amp, amp_dtype, channels_last):
     assert stats["captured_shapes"] == [[8, 3, 256, 256]] and stats["pool_mb"] > 0
 
 
-@pytest.mark.parametrize("family", ["yolox", "rtmdet", "yolo7"])
-def test_other_families_graphed_match_eager(family):
-    """YOLOX, RTMDet and YOLOv7 through the same check (bfloat16, channels_last, 10 steps). RTMDet's head
-    convs are shared across the three pyramid levels, so their gradient is a sum of three
-    contributions: its relative difference, graphed vs eager, is printed for the docs."""
-    eager, graphed, manager = _contexts(True, "bfloat16", True, family=family)
+@pytest.mark.parametrize("family, size", [("yolox", "t"), ("rtmdet", "t"), ("yolo7", "t"), ("yolonas", "s")])
+def test_other_families_graphed_match_eager(family, size):
+    """YOLOX, RTMDet, YOLOv7 and YOLO-NAS through the same check (bfloat16, channels_last, 10 steps).
+    RTMDet's head convs are shared across the three pyramid levels, so their gradient is a sum of
+    three contributions: its relative difference, graphed vs eager, is printed for the docs."""
+    eager, graphed, manager = _contexts(True, "bfloat16", True, family=family, size=size)
     for i in range(10):
         batch = synthetic_batch(seed=i % 4)
         a = train_step(eager, batch, update=i % 2 == 1)
@@ -115,7 +115,7 @@ def test_other_families_graphed_match_eager(family):
                  for heads in ("cls_convs", "reg_convs")
                  for mg, me in zip(getattr(graphed.model.net.head, heads), getattr(eager.model.net.head, heads))]
         shared = f", shared head conv grads rel L2 max {max(_rel(g, e) for g, e in pairs):.2e}"
-    print(f"\n[{family}-t bfloat16 channels_last] grad rel L2 {grad_rel:.2e}{shared}, stats {manager.stats()}")
+    print(f"\n[{family}-{size} bfloat16 channels_last] grad rel L2 {grad_rel:.2e}{shared}, stats {manager.stats()}")
     assert grad_rel < RTOL
     assert manager.stats()["replayed_steps"] == 9
 

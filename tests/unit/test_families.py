@@ -52,11 +52,11 @@ def _dfine(model):
 
 # family -> (size, AdamW lr, prepare). Loss ratios after 30 steps, seeds 0-3: yolo9 ~0.2 (1e-3),
 # yolox 0.30-0.42 (4e-3), rtmdet ~0.2 (1e-3).
-# rtdetr/rtdetrv2 0.35-0.38 (1e-3, 20 denoising queries).
+# rtdetr/rtdetrv2 0.35-0.38 (1e-3, 20 denoising queries), yolonas 0.15-0.19 (1e-3).
 OVERFIT = {"yolo9": ("t", 1e-3, None), "yolox": ("n", 4e-3, _yolox), "rtmdet": ("t", 1e-3, _rtmdet),
            "rtdetr": ("r18", 1e-3, _few_denoising_groups), "rtdetrv2": ("r18", 1e-3, _few_denoising_groups),
            "dfine": ("n", 1e-3, _dfine), "deim": ("n", 1e-3, _dfine), "rtdetrv4": ("s", 1e-3, _dfine),
-           "yolo7": ("t", 1e-3, None)}
+           "yolo7": ("t", 1e-3, None), "yolonas": ("s", 1e-3, None)}
 # What must halve: the whole loss, or for D-FINE-style losses the box terms. Their FGL grows as the
 # boxes start to overlap (its weight is the IoU, ~0 at init), so their total falls only to 0.53-0.69
 # of its start in 30 steps (lr 1e-4 to 4e-3, seeds 0-3) while L1 + GIoU fall to 0.41-0.44 (seed 0,
@@ -97,7 +97,8 @@ def _all_terms_on(family, model):
 
 # Loss items that must be exactly zero for an image without objects (every other item > 0).
 # The DETRs' classification term stays > 0: every query is scored against "no object".
-EMPTY_ZERO = {"yolo9": ("box", "dfl"), "yolox": ("box", "cls", "l1"), "rtmdet": ("box",), "yolo7": ("box", "cls"),
+EMPTY_ZERO = {"yolo9": ("box", "dfl"), "yolonas": ("box", "dfl"), "yolox": ("box", "cls", "l1"), "rtmdet": ("box",),
+              "yolo7": ("box", "cls"),
               "rtdetr": ("l1", "giou"), "rtdetrv2": ("l1", "giou"), **dict.fromkeys(
                   ("dfine", "deim", "rtdetrv4"), ("l1", "giou", "fgl", "ddf"))}
 

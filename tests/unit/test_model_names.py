@@ -15,7 +15,7 @@ import torch
 from libreyolo.engine.builder import build_model
 from libreyolo.engine.checkpoint import save_checkpoint
 from libreyolo.errors import ModelNameError
-from libreyolo.families import get_family
+from libreyolo.families import REGISTRY, get_family, weights_name
 from libreyolo.model import LibreYOLO, resolve_model
 
 NAMES = ["circle", "square", "triangle"]
@@ -155,6 +155,36 @@ def test_offline_builds_from_scratch_with_one_warning(cache, weights_server, lib
     assert "\n" not in warnings[0]
     assert "LibreYOLO9t.pt" in warnings[0] and "from scratch" in warnings[0]
     assert _files(cache) == []  # nothing half-written in the cache
+
+
+@pytest.mark.parametrize("family", sorted(REGISTRY))
+def test_every_familys_official_name_downloads_from_the_weights_url(cache, weights_server, monkeypatch, family):
+    """`<weights_prefix><size>.pt` of every family comes from $LIBREYOLO_WEIGHTS_URL, once, and
+    resolves to that family and size (the checkpoint's tensors are the next test's business)."""
+    www, base, requests = weights_server
+    spec = REGISTRY[family]
+    size = spec.sizes[0]
+    name = weights_name(spec, size)
+    save_checkpoint(www / name, {"family": family, "size": size, "names": NAMES, "model": {}})
+    monkeypatch.setenv("LIBREYOLO_WEIGHTS_URL", base)
+    source = resolve_model(name)
+    assert requests == [f"/{name}"] and (source.spec, source.size) == (spec, size)
+    assert source.path == cache / "weights" / name and source.checkpoint["names"] == NAMES
+
+
+def test_yolonas_weights_download_and_fill_the_model(cache, weights_server, monkeypatch):
+    """LibreYOLONASs.pt (the name LibreYOLO's released code gives YOLO-NAS S) from the local server
+    builds YOLO-NAS S with exactly the served tensors."""
+    www, base, requests = weights_server
+    torch.manual_seed(0)
+    state = get_family("yolonas").build("s", len(NAMES)).state_dict()
+    key = "net.stem.conv3.weight"
+    state[key] = torch.full_like(state[key], 0.125)
+    save_checkpoint(www / "LibreYOLONASs.pt", {"family": "yolonas", "size": "s", "names": NAMES, "model": state})
+    monkeypatch.setenv("LIBREYOLO_WEIGHTS_URL", base)
+    model = build_model(resolve_model("LibreYOLONASs.pt"), len(NAMES), exact=True)
+    assert requests == ["/LibreYOLONASs.pt"] and model.size == "s"
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
 
 
 def test_checkpoint_file_resolves_to_its_family_and_size(tmp_path, cache):

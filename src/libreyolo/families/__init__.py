@@ -61,6 +61,7 @@ from .rtmdet.spec import SPEC as _RTMDET  # noqa: E402
 from .segformer.spec import SPEC as _SEGFORMER  # noqa: E402
 from .yolo7.spec import SPEC as _YOLO7  # noqa: E402
 from .yolo9.spec import SPEC as _YOLO9  # noqa: E402
+from .yolonas.spec import SPEC as _YOLONAS  # noqa: E402
 from .yolox.spec import SPEC as _YOLOX  # noqa: E402
 
 register(_YOLO9)
@@ -77,3 +78,4 @@ register(_FOMO)
 register(_SEGFORMER)
 register(_LINGBOT)
 register(_YOLO7)
+register(_YOLONAS)

@@ -8,7 +8,8 @@ For each gt: candidates are the anchors whose centre lies inside the box, grown 
 to at least `min_side` pixels per side for this test only (so a gt smaller than a stride-16 cell
 still has anchors; the IoU terms use the real box); each candidate gets
 the alignment metric t = s^alpha * u^beta (s = predicted score of the gt's class, u = CIoU of the
-predicted box with the gt, clamped at 0, as YOLOv9 uses); the top-k candidates become positives.
+predicted box with the gt, clamped at 0, as YOLOv9 uses; plain IoU with `ciou=False`, as
+PP-YOLOE and YOLO-NAS use); the top-k candidates become positives.
 An anchor claimed by several gts keeps the one it overlaps most. Soft targets: a positive's
 class target is t normalised per gt so that the gt's best anchor gets that gt's best IoU.
 """
@@ -28,6 +29,7 @@ class Assignment(NamedTuple):
     boxes: torch.Tensor   # [B, A, 4] xyxy (same units as the gt boxes) of each anchor's gt
     scores: torch.Tensor  # [B, A, C] float soft class targets (zero rows for background)
     fg: torch.Tensor      # [B, A] bool, anchor is a positive
+    labels: torch.Tensor  # [B, A] int64 class of each anchor's gt (0 for background, masked by fg)
 
 
 def centres_in_boxes(points: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
@@ -58,12 +60,13 @@ class TaskAlignedAssigner:
     """
 
     def __init__(self, num_classes: int, topk: int = 10, alpha: float = 0.5, beta: float = 6.0,
-                 min_side: float = 0.0):
+                 min_side: float = 0.0, ciou: bool = True):
         self.num_classes = num_classes
         self.topk = topk
         self.alpha = alpha
         self.beta = beta
         self.min_side = float(min_side)
+        self.ciou = ciou
 
     @torch.no_grad()
     def __call__(self, pd_scores: torch.Tensor, pd_boxes: torch.Tensor, points: torch.Tensor,
@@ -74,13 +77,14 @@ class TaskAlignedAssigner:
         m = gt_boxes.shape[1]
         if m == 0:  # static shape check, not a sync: nothing to assign
             return Assignment(pd_boxes.new_zeros(b, a, 4), pd_scores.new_zeros(b, a, c),
-                              torch.zeros(b, a, dtype=torch.bool, device=pd_scores.device))
+                              torch.zeros(b, a, dtype=torch.bool, device=pd_scores.device),
+                              torch.zeros(b, a, dtype=torch.long, device=pd_scores.device))
         labels = gt_labels.clamp(0, c - 1)  # padded rows may hold anything; they are masked below
         candidates = centres_in_boxes(points, widen(gt_boxes, self.min_side)) & valid.unsqueeze(-1)  # [B, M, A]
 
         # Score of each gt's class at every anchor: gather along C, never a [B, M, A, C] tensor.
         scores = pd_scores.transpose(1, 2).gather(1, labels.unsqueeze(-1).expand(b, m, a))
-        overlaps = bbox_iou(gt_boxes.unsqueeze(2), pd_boxes.unsqueeze(1), ciou=True)
+        overlaps = bbox_iou(gt_boxes.unsqueeze(2), pd_boxes.unsqueeze(1), ciou=self.ciou)
         overlaps = overlaps.clamp_(min=0).mul_(candidates)
         align = scores.pow_(self.alpha).mul_(overlaps.pow(self.beta))  # zero off-candidate
 
@@ -107,4 +111,4 @@ class TaskAlignedAssigner:
         weight = align.mul_(best_iou).div_(norm).amax(1)  # [B, A]; zero where not fg
         target = pd_scores.new_zeros(b, a, c).scatter_(-1, target_labels.unsqueeze(-1),
                                                        weight.unsqueeze(-1).to(pd_scores.dtype))
-        return Assignment(boxes, target, fg)
+        return Assignment(boxes, target, fg, target_labels)
