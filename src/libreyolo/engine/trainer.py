@@ -66,8 +66,7 @@ class Trainer:
         self.cfg, self.family, self.size, self.data_cfg, self.task = cfg, family, size, data_cfg, task
         self.run_dir, self.device = run_dir, device
         # Under torchrun this process is one of world.size (engine/distributed.py); alone, (0, 1).
-        self.world = w = distributed.world()
-        distributed.check_batch(cfg.batch, w)
+        self.world = w = distributed.world()  # joined at the command's start (distributed.join)
         seed_everything(cfg.seed, cfg.deterministic)
         self.model = place_model(model, cfg, device)
         self.train_loader = task.train_loader(data_cfg, cfg, w.rank, w.size)
