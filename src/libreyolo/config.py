@@ -111,6 +111,7 @@ class TrainConfig:
     exist_ok: bool = _key(False, "reuse an existing run directory", group="output")
     resume: Union[bool, str] = _key(False, "resume: true (last run's last.pt of this project/name) or a path to last.pt", group="output")
     save_period: int = _key(-1, "also save epochN.pt every N epochs (-1 = off)", lo=-1, group="output")
+    checkpoint_steps: int = _key(0, "also save last.pt every N optimizer steps within an epoch (0 = off), so a resume or an elastic restart under torchrun (--max-restarts) goes on from there, losing at most N steps", lo=0, group="output")
     tensorboard: Union[Literal["auto"], bool] = _key("auto", "TensorBoard event files in the run directory (losses, metrics, LR per group, img/s, step time, GPU memory; the profiler's verdict): true, false, or auto (on when the tensorboard package is installed; pip install 'libreyolo[tensorboard]')", group="output")
     mlflow: bool = _key(False, "log params, per-epoch metrics and artifacts (results.html, best.pt, profile_summary.json) to MLflow: MLFLOW_TRACKING_URI, else a file store ./mlruns (pip install 'libreyolo[mlflow]')", group="output")
 

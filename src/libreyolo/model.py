@@ -33,7 +33,7 @@ log = logging.getLogger("libreyolo")
 # Keys that may change when resuming; every other key comes from the checkpoint's config.
 # A run may resume on another number of devices (checkpoints hold the plain module).
 RESUME_KEYS = {"resume", "device", "workers", "cache", "exist_ok", "log_interval", "sync_bn", "ddp_timeout",
-               "tensorboard", "mlflow"}
+               "checkpoint_steps", "tensorboard", "mlflow"}
 
 
 class LibreYOLO:
@@ -54,13 +54,13 @@ class LibreYOLO:
 
         `hooks`: extra `engine.hooks.Hook` objects, called after the run's own (validation,
         results, checkpoints, progress, and the profiler's with profile=true), on rank 0 only."""
+        from .engine import distributed, elastic
         from .engine.builder import build_model, seed_everything
         from .engine.device import select_device
-        from .engine.distributed import quiet_other_ranks
         from .engine.rundir import train_in_new_run_dir
         from .engine.trainer import Trainer
 
-        quiet_other_ranks()  # under torchrun, rank 0 alone logs
+        distributed.quiet_other_ranks()  # under torchrun, rank 0 alone logs
         user = self._train_keys(data, overrides)
         resume = user.get("resume", False)
         if resume not in (False, None, "", "false"):
@@ -70,6 +70,15 @@ class LibreYOLO:
             raise ConfigError(f"no dataset given: pass data=NAME ({task.data_help})")
         cfg = build_config(user, self.source.defaults)
         device = select_device(cfg.device)
+        distributed.join(cfg, device)
+        elastic.shared_store_notice()
+        # Started again by torchrun (--max-restarts): go on with the run the first attempt made.
+        previous = elastic.previous_attempt(cfg.project, cfg.name)
+        if previous is not None and previous.finished:  # only its processes' exit was cut short
+            return previous.result(task.name)
+        if previous is not None and previous.checkpoint is not None:
+            kept = {k: user[k] for k in RESUME_KEYS if k in user}
+            return self._resume({**kept, "resume": str(previous.checkpoint)}, hooks)
         data_cfg = task.load_data(cfg.data)
         seed_everything(cfg.seed, cfg.deterministic)  # before building: the initial weights are seeded too
         model = build_model(self.source, len(data_cfg.names))
@@ -83,7 +92,7 @@ class LibreYOLO:
             if cfg.nbs < cfg.batch:
                 log.info(f"nbs={cfg.nbs} is below batch={cfg.batch}: no gradient accumulation (one optimizer "
                          f"step per batch) and weight decay scaled by batch/nbs = {cfg.batch / cfg.nbs:.3g}")
-        return train_in_new_run_dir(trainer, cfg)
+        return train_in_new_run_dir(trainer, cfg, previous.run_dir if previous is not None else None)
 
     def _train_keys(self, data: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
         user = dict(overrides)
@@ -97,21 +106,30 @@ class LibreYOLO:
         return user
 
     def _resume(self, user: dict[str, Any], hooks: list | None = None):
+        from .engine import distributed
         from .engine.checkpoint import check_resumable, load_checkpoint
         from .engine.device import select_device
-        from .engine.distributed import quiet_other_ranks
         from .engine.resume_data import check_counts, check_names, load_resume_data, moved_data
         from .engine.rundir import resume_in_run_dir
+        from .engine.state import mid_epoch
         from .engine.trainer import Trainer
 
-        quiet_other_ranks()
+        distributed.quiet_other_ranks()
         resume = user["resume"]
         if resume is True or resume == "true":
             path = self.source.path if self.source.path is not None else _latest_last(user)
         else:
             path = Path(str(resume))
-        ckpt = load_checkpoint(path)
-        check_resumable(ckpt, path)
+
+        def read() -> dict[str, Any]:
+            ckpt = load_checkpoint(path)
+            check_resumable(ckpt, path)
+            return ckpt
+
+        # After an elastic restart the group is already joined: rank 0 reads the checkpoint (its
+        # node holds the run directory) and the others receive it. A resume typed by hand is read
+        # by every process before the group exists: its path must be there on every node.
+        ckpt = distributed.from_rank0(read)
         spec, size = self._resumed_arch(ckpt, path)
         changed = sorted(k for k in user if k not in RESUME_KEYS | {"model", "data"}
                          and user[k] != ckpt["config"].get(k))
@@ -125,8 +143,10 @@ class LibreYOLO:
             saved["data"] = moved
         saved["resume"] = str(path)
         cfg = build_config(saved)
-        if int(ckpt["epoch"]) + 1 >= cfg.epochs:
+        if int(ckpt["epoch"]) + 1 >= cfg.epochs and mid_epoch(ckpt) is None:
             raise ConfigError(f"'{path}' finished all {cfg.epochs} epochs; nothing to resume")
+        device = select_device(cfg.device)
+        distributed.join(cfg, device)
         task = task_for(spec, cfg.task)
         data_cfg = load_resume_data(task, cfg.data, moved is not None, path)
         if moved is not None:
@@ -140,7 +160,7 @@ class LibreYOLO:
                 _check_fits(model, ckpt[part], path, part, arch_name(spec, size))
         run_dir = path.resolve().parent.parent
         with checking_inputs():
-            trainer = Trainer(cfg, spec, size, model, data_cfg, run_dir, select_device(cfg.device), task=task,
+            trainer = Trainer(cfg, spec, size, model, data_cfg, run_dir, device, task=task,
                               hooks=run_hooks(cfg, hooks), resume=ckpt)
             check_batch(cfg.batch, trainer.train_loader.num_images, data_cfg.name)
             if moved is not None:

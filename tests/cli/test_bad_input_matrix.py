@@ -274,6 +274,7 @@ CASES: list[tuple[str, list[str], str, object]] = [
     ("nbs=0", ["train", "nbs=0"], "bad value for 'nbs': 0", None),
     ("workers=-1", ["train", "--workers=-1"], "bad value for 'workers': -1", None),
     ("save_period=-2", ["train", "--save-period=-2"], "bad value for 'save_period': -2", None),
+    ("checkpoint_steps=-1", ["train", "checkpoint_steps=-1"], "bad value for 'checkpoint_steps': -1", None),
     ("patience=-1", ["train", "patience", "-1"], "expected key=value, got 'patience'", None),
     ("conf=2", ["val", "conf=2"], "bad value for 'conf': 2.0", None),
     ("empty name", ["train", "name="], "bad value for 'name': '' (allowed: a folder name, not empty)", None),

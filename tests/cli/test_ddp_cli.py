@@ -4,7 +4,7 @@ What a 2-process run must be: the single-process run of the same global batch (w
 float rounding), rank 0 alone writing and speaking, the CUDA-graph and profiler notices once, a
 checkpoint that resumes on the other process count, and a killed rank ending the run with one line.
 
-The reference single-process run computes BatchNorm statistics per half batch (`_patch_bn`),
+The reference single-process run computes BatchNorm statistics per half batch (`patch_half_batch_bn`),
 which is what two processes without SyncBatchNorm compute (torch has no CPU SyncBatchNorm), and
 takes its running statistics from the first half, as DDP broadcasts rank 0's. The learning rate is
 small on purpose: YOLOv9-t from scratch at 64 px is chaotic in its first steps (in one process
@@ -21,12 +21,18 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
+from testkit import (
+    checkpoint_difference,
+    checkpoints_close,
+    children,
+    cli_main,
+    environ_of,
+    patch_half_batch_bn,
+    train_here,
+)
 
 ARGS = ["model=yolo9-t", "device=cpu", "workers=0", "imgsz=64", "batch=16", "epochs=2", "optimizer=sgd",
         "lr0=0.0001", "warmup_bias_lr=0.0001", "warmup_epochs=0", "nbs=32", "no_aug_epochs=1", "mixup=0.5",
@@ -38,15 +44,6 @@ def _torchrun(args, cwd, timeout=300):
     env = {**os.environ, "LIBREYOLO_DEBUG": ""}
     return subprocess.run([*TORCHRUN, "-m", "libreyolo", "train", *args], cwd=cwd, env=env, text=True,
                           capture_output=True, timeout=timeout)
-
-
-def _train_here(args, **extra):
-    """The same command in this process (the single-process reference)."""
-    from libreyolo import LibreYOLO
-    from libreyolo.cli.grammar import parse_overrides
-
-    kwargs = {**parse_overrides(args), **extra}
-    return LibreYOLO(kwargs.pop("model")).train(**kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -68,69 +65,10 @@ def runs(tmp_path_factory, one_thread):
 def reference(runs):
     mp = pytest.MonkeyPatch()
     try:
-        _patch_bn(mp)
-        return _train_here([*runs["common"], "name=ref"])
+        patch_half_batch_bn(mp)
+        return train_here([*runs["common"], "name=ref"])
     finally:
         mp.undo()
-
-
-def _patch_bn(mp):
-    """BatchNorm as two processes compute it: statistics per half batch; running statistics from
-    the first half (rank 0's, which DDP broadcasts to the others before each forward)."""
-    plain = nn.BatchNorm2d.forward
-
-    def forward(self, x):
-        if not self.training:
-            return plain(self, x)
-        return torch.cat([F.batch_norm(c, self.running_mean if i == 0 else None, self.running_var if i == 0 else None,
-                                       self.weight, self.bias, True, self.momentum if i == 0 else 0.0, self.eps)
-                          for i, c in enumerate(x.chunk(2))])
-
-    mp.setattr(nn.BatchNorm2d, "forward", forward)
-
-
-def _difference(a: Path, b: Path) -> tuple[float, float, float]:
-    """How far checkpoint `a` is from `b`: (largest |a - b| of a trained parameter, model or EMA;
-    largest |a - b| / max(|b|, 1) of a BatchNorm running statistic; |update_a - update_b| /
-    |update_b| of the model's parameters, updates measured from the seed-0 initial weights)."""
-    from libreyolo.engine.builder import seed_everything
-    from libreyolo.families import get_family
-
-    seed_everything(0, False)
-    init = get_family("yolo9").build("t", 10)
-    params = {k for k, _ in init.named_parameters()}
-    init = init.state_dict()
-    ca, cb = (torch.load(p, map_location="cpu", weights_only=True) for p in (a, b))
-    weights, stats, num, den = 0.0, 0.0, 0.0, 0.0
-    for part in ("model", "ema"):
-        for k, vb in cb[part].items():
-            if not vb.is_floating_point():
-                continue
-            diff = (ca[part][k] - vb).abs().max().item()
-            if k in params:
-                weights = max(weights, diff)
-            else:
-                stats = max(stats, diff / max(vb.abs().max().item(), 1.0))
-            if part == "model" and k in params:
-                num += (ca[part][k] - vb).double().square().sum().item()
-                den += (vb - init[k]).double().square().sum().item()
-    return weights, stats, (num / den) ** 0.5
-
-
-# Measured on this 2-core machine: parameters within 2.4e-7 (float32 rounding of weights of order
-# 1), running statistics within 6e-5 of their size (variances of 2x2 maps over 8 images are
-# touchy; they feed validation, not training), parameter updates within 7e-4 of each other. The
-# plain single-process run (BatchNorm over all 16 images) is 2e-4 away in the parameters and its
-# updates differ by 137 %. The bounds leave room for rounding, not for a missing factor, a wrong
-# shard or an unreduced gradient.
-MAX_WEIGHT, MAX_STAT, MAX_UPDATE = 1e-5, 1e-3, 1e-2
-
-
-def _close(a: Path, b: Path) -> str | None:
-    weights, stats, update = _difference(a, b)
-    if weights < MAX_WEIGHT and stats < MAX_STAT and update < MAX_UPDATE:
-        return None
-    return f"parameters {weights:.3g} apart, running statistics {stats:.3g}, updates {update:.3g}"
 
 
 def test_two_processes_write_once_and_say_each_notice_once(runs):
@@ -162,10 +100,10 @@ def test_two_processes_write_once_and_say_each_notice_once(runs):
 
 def test_two_process_weights_equal_the_single_process_run(runs, reference):
     ddp = runs["root"] / "runs" / "ddp" / "weights" / "last.pt"
-    weights, stats, update = _difference(ddp, reference.last)
+    weights, stats, update = checkpoint_difference(ddp, reference.last)
     print(f"2 processes vs 1: parameters {weights:.3g} apart, running statistics {stats:.3g}, parameter "
           f"updates {update:.3g} (torchrun run {runs['seconds']:.1f} s)")
-    assert _close(ddp, reference.last) is None
+    assert checkpoints_close(ddp, reference.last) is None
     ours = (runs["root"] / "runs" / "ddp" / "results.csv").read_text().splitlines()[1:]
     theirs = (reference.run_dir / "results.csv").read_text().splitlines()[1:]
     for a, b in zip(ours, theirs):  # the logged losses are the global batch's
@@ -179,38 +117,17 @@ def test_checkpoints_resume_on_the_other_process_count(runs, reference):
     shutil.copytree(root / "runs" / "ddp", root / "runs" / "ddp_then_1")
     mp = pytest.MonkeyPatch()
     try:
-        _patch_bn(mp)
-        one = _train_here([f"model={root / 'runs' / 'ddp_then_1' / 'weights' / 'epoch1.pt'}", "resume=true"])
+        patch_half_batch_bn(mp)
+        one = train_here([f"model={root / 'runs' / 'ddp_then_1' / 'weights' / 'epoch1.pt'}", "resume=true"])
     finally:
         mp.undo()
-    assert _close(one.last, root / "runs" / "ddp" / "weights" / "last.pt") is None
+    assert checkpoints_close(one.last, root / "runs" / "ddp" / "weights" / "last.pt") is None
     # ...and a single-process checkpoint in two.
     shutil.copytree(reference.run_dir, root / "runs" / "ref_then_2")
     two = _torchrun([f"resume={root / 'runs' / 'ref_then_2' / 'weights' / 'epoch1.pt'}"], cwd=root)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "resuming from epoch 2/2" in two.stderr
-    assert _close(root / "runs" / "ref_then_2" / "weights" / "last.pt", reference.last) is None
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _env(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+    assert checkpoints_close(root / "runs" / "ref_then_2" / "weights" / "last.pt", reference.last) is None
 
 
 KILL_BOUND_S = 60  # measured: about 2 s from the kill to the launcher's exit on this machine
@@ -233,7 +150,7 @@ def test_a_killed_rank_ends_the_run_with_one_line(runs):
         while not any(ln.startswith("epoch 2/200") for ln in lines):  # well inside the training loop
             assert proc.poll() is None and time.time() < deadline, "".join(lines)
             time.sleep(0.1)
-        [rank1] = [p for p in _children(proc.pid) if _env(p).get("RANK") == "1"]
+        [rank1] = [p for p in children(proc.pid) if environ_of(p).get("RANK") == "1"]
         os.kill(rank1, signal.SIGKILL)
         t0 = time.perf_counter()
         proc.wait(timeout=KILL_BOUND_S)
@@ -252,30 +169,11 @@ def test_a_killed_rank_ends_the_run_with_one_line(runs):
     assert not any("Traceback" in ln for ln in lines), "".join(lines)
 
 
-def _main(argv) -> int:
-    """The CLI in this process; the libreyolo logger as it was afterwards (the CLI sets it up, and
-    rank 1 quiets it), so other tests' caplog still sees it."""
-    import logging
-
-    from libreyolo.cli.app import main
-
-    logger = logging.getLogger("libreyolo")
-    saved = logger.handlers[:], logger.propagate, logger.level
-    try:
-        main(argv)
-        return 0
-    except SystemExit as exc:
-        return exc.code
-    finally:
-        logger.handlers, logger.propagate = saved[:2]
-        logger.setLevel(saved[2])  # setLevel also clears logging's cache of the quieted level
-
-
 def test_other_ranks_keep_quiet_about_what_rank_0_says(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "1")
-    assert _main(["train", "model=yolo9-t", "data=no_such_dataset"]) == 2
+    assert cli_main(["train", "model=yolo9-t", "data=no_such_dataset"]) == 2
     assert capsys.readouterr().err == ""
     monkeypatch.setenv("RANK", "0")
-    assert _main(["train", "model=yolo9-t", "data=no_such_dataset"]) == 2
+    assert cli_main(["train", "model=yolo9-t", "data=no_such_dataset"]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("error: ") and "no_such_dataset" in line

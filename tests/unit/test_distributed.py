@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from libreyolo.data.loader import EpochBatchSampler, shard
-from libreyolo.engine import distributed
+from libreyolo.engine import distributed, elastic
 from libreyolo.engine.device import device_list, select_device
 from libreyolo.errors import ConfigError
 
@@ -39,6 +39,37 @@ def test_shards_put_together_are_the_single_process_batches(n, batch, world):
         sizes = [len(keys[step]) for _, keys in per_rank]
         assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
         assert sum(sizes) == EpochBatchSampler(n, batch, 3, 64, True).global_size(step)
+
+
+@pytest.mark.parametrize("n, batch, world", [(37, 8, 2), (40, 8, 4), (33, 9, 3)])
+def test_an_epoch_shows_every_image_once_over_the_ranks_and_a_resume_goes_on_with_the_rest(n, batch, world):
+    def keys(rank, start=0):
+        s = EpochBatchSampler(n, batch, seed=5, imgsz=64, multi_scale=True, rank=rank, world_size=world)
+        s.epoch, s.mosaic, s.start = 3, 1.0, start
+        return list(s)
+
+    shown = [k.index for r in range(world) for step in keys(r) for k in step]
+    tail = n % batch
+    left_out = tail if 0 < tail < world else 0  # the short last batch (fewer images than ranks)
+    assert len(shown) == len(set(shown)) == n - left_out  # no image twice in an epoch
+    for r in range(world):  # from a mid-epoch checkpoint after 2 batches: the epoch's own remaining batches
+        assert keys(r, start=2) == keys(r)[2:]
+
+
+def test_global_rank_not_local_rank_decides_the_writer_and_the_shard(monkeypatch):
+    """Two nodes of one process each: both have LOCAL_RANK 0; the second is global rank 1."""
+    from libreyolo.cli.common import process_rank
+
+    for key, value in {"RANK": 1, "WORLD_SIZE": 2, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1}.items():
+        monkeypatch.setenv(key, str(value))
+    w = distributed.world()
+    assert (w.rank, w.size, w.local_rank, w.local_size, w.main, w.active) == (1, 2, 0, 1, False, True)
+    assert process_rank() == 1  # it prints no error line of rank 0's
+    assert select_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert select_device("auto") == torch.device("cpu")  # on a GPU node: cuda:LOCAL_RANK, its own device
+    s = EpochBatchSampler(16, 8, seed=0, imgsz=64, multi_scale=False, rank=w.rank, world_size=w.size)
+    assert [k.index for k in next(iter(s))] == [k.index for k in next(iter(EpochBatchSampler(16, 8, 0, 64, False)))][4:]
 
 
 def test_shard_bounds_are_contiguous_and_cover_everything():
@@ -270,3 +301,40 @@ def test_sync_batch_norm_says_why_not_on_cpu_and_keeps_checkpoint_keys(monkeypat
     assert any(isinstance(m, nn.SyncBatchNorm) for m in converted.modules())
     assert set(converted.state_dict()) == keys and "SyncBatchNorm over the 2 processes" in line
     assert np.all([m.num_batches_tracked is not None for m in converted.modules() if isinstance(m, nn.SyncBatchNorm)])
+
+
+# --- elastic restarts: which run directory a restart of this job goes on in ------------------------
+def _marked(folder, run_id, since, last=False):
+    import json
+
+    (folder / "weights").mkdir(parents=True)
+    (folder / elastic.MARKER).write_text(json.dumps({"run_id": run_id, "since": since}))
+    if last:
+        (folder / "weights" / "last.pt").write_bytes(b"not read unless asked")
+
+
+def test_a_restart_finds_this_jobs_newest_run_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    for key in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(key, raising=False)
+    _marked(tmp_path / "exp", "job7", 1.0, last=True)
+    _marked(tmp_path / "exp2", "job7", 2.0)  # newer, no checkpoint yet
+    _marked(tmp_path / "exp3", "job8", 3.0, last=True)  # another job's
+    _marked(tmp_path / "other", "job7", 4.0, last=True)  # another name=
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert elastic.previous_attempt(str(tmp_path), "exp") == elastic.Attempt(tmp_path / "exp2", None)
+    (tmp_path / "exp2" / elastic.MARKER).unlink()
+    found = elastic.previous_attempt(str(tmp_path), "exp")  # a last.pt torch cannot read: resume says what is wrong
+    assert found == elastic.Attempt(tmp_path / "exp", tmp_path / "exp" / "weights" / "last.pt", False, {})
+    # A first start is no restart ...
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert elastic.previous_attempt(str(tmp_path), "exp").run_dir == tmp_path / "exp"  # ... unless its id names one
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default id names no job
+    assert elastic.previous_attempt(str(tmp_path), "exp") is None
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # no restarts asked for: nothing is looked for or marked
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert elastic.previous_attempt(str(tmp_path), "exp") is None
+    elastic.mark(tmp_path / "other")
+    assert "job7" in (tmp_path / "other" / elastic.MARKER).read_text()
+

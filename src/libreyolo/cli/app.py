@@ -73,7 +73,8 @@ detectors read a built-in dataset (shapes, coco128), a YOLO dataset yaml or COCO
 instances_*.json, or a yaml with train: {{images, annotations}}); classifiers a built-in
 set (shapes-cls), a folder with train/<class>/ and val/<class>/ image folders, or a yaml naming
 them. resume=true continues the
-newest run's last.pt; resume=path/last.pt a given one. Progress and logs go to stderr (a live
+newest run's last.pt; resume=path/last.pt a given one; under torchrun --max-restarts a restarted
+run resumes by itself (checkpoint_steps=N: a last.pt every N optimizer steps). Progress and logs go to stderr (a live
 bar on a terminal, plain lines in a log); the best checkpoint's path goes to stdout when done.
 
 Most used keys (key=, default, meaning):

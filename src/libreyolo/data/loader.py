@@ -99,14 +99,17 @@ class EpochBatchSampler:
     contiguous share, rank r the r-th, with the keys a single process would give those images, so
     the N ranks together train on exactly what one process trains on. A last batch with fewer
     images than ranks cannot give each an image and is left out (`__len__` says so), on every
-    rank alike so their step counts match."""
+    rank alike so their step counts match.
+
+    `start` > 0 (a resume from a checkpoint written mid-epoch) leaves out the epoch's first
+    `start` batches: they are still drawn, so the rest are the batches the epoch would have had."""
 
     def __init__(self, n: int, batch: int, seed: int, imgsz: int, multi_scale: bool,
                  rank: int = 0, world_size: int = 1):
         self.n, self.batch, self.seed, self.imgsz = n, batch, seed, imgsz
         self.rank, self.world_size = int(rank), int(world_size)
         self.sizes = multi_scale_sizes(imgsz) if multi_scale else [imgsz]
-        self.epoch, self.mosaic, self.mixup = 0, 0.0, 0.0
+        self.epoch, self.mosaic, self.mixup, self.start = 0, 0.0, 0.0, 0
 
     def __len__(self) -> int:
         full, tail = divmod(self.n, self.batch)
@@ -119,7 +122,7 @@ class EpochBatchSampler:
     def __iter__(self):
         rng = np.random.default_rng([self.seed, self.epoch, 7919])  # 7919: the sampler stream
         order = rng.permutation(self.n).tolist()
-        for start in range(0, self.n, self.batch):
+        for step, start in enumerate(range(0, self.n, self.batch)):
             size = self.sizes[int(rng.integers(len(self.sizes)))] if len(self.sizes) > 1 \
                 else self.imgsz
             indices = order[start:start + self.batch]
@@ -129,6 +132,8 @@ class EpochBatchSampler:
                 pool = tuple(indices + extra)
             if len(indices) < self.world_size:
                 return  # the short last batch (see the class doc)
+            if step < self.start:
+                continue
             lo, hi = shard(len(indices), self.rank, self.world_size)
             yield [SampleKey(i, self.epoch, self.mosaic, self.mixup, size, pool) for i in indices[lo:hi]]
 
@@ -199,8 +204,12 @@ class EpochLoader:
     _fresh: bool
 
     def set_epoch(self, epoch: int) -> None:
-        self.sampler.epoch = epoch
+        self.sampler.epoch, self.sampler.start = epoch, 0
         self._fresh = True
+
+    def start_at(self, step: int) -> None:
+        """This epoch's iteration begins at batch `step` (a resume from a mid-epoch checkpoint)."""
+        self.sampler.start = int(step)
 
     @property
     def epoch(self) -> int:

@@ -100,6 +100,12 @@ class PeerFailure(LibreYOLOError):
     """Another process of the run ended, or stopped answering within `ddp_timeout`."""
 
 
+class GroupNotFormed(PeerFailure):
+    """The process group did not form within `ddp_timeout`: a process of the run never came."""
+
+    per_rank = True  # the missing one may be rank 0: every process that waited says it (cli/common.py)
+
+
 def quiet_other_ranks(w: World | None = None) -> None:
     """Logs come from rank 0 only: every rank runs the same checks on the same inputs, and the
     progress, epoch lines and notices would otherwise appear N times."""
@@ -116,6 +122,18 @@ def check_batch(batch: int, w: World) -> None:
 
 
 # --- the process group ----------------------------------------------------------------------------
+def join(cfg: Any, device: torch.device) -> World:
+    """At a training command's start, under torchrun: the global batch must split over the
+    processes (one line, before any process waits for another), then the process group, which
+    waits at most `ddp_timeout` for every process: one that never comes is one line before
+    anything is read or written."""
+    w = world()
+    check_batch(cfg.batch, w)
+    if w.active:
+        init(w, device, cfg.ddp_timeout)
+    return w
+
+
 _STATE: dict[str, Any] = {"owned": False, "handler": None, "wakeup": None, "pipe": None, "rank": 0,
                           "stopping": False, "last_good": None}
 _SPEAK = threading.Lock()
@@ -123,7 +141,8 @@ _SPEAK = threading.Lock()
 
 def init(w: World, device: torch.device, timeout_s: float) -> str:
     """Join the process group (NCCL on CUDA, gloo on CPU) unless the caller's script already has;
-    returns the backend. Every collective waits at most `timeout_s` for the other ranks."""
+    returns the backend. Joining waits at most `timeout_s` for every rank to arrive (torch's
+    rendezvous on MASTER_ADDR:MASTER_PORT, which torchrun sets), and so does every collective."""
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=float(timeout_s))}
@@ -133,11 +152,25 @@ def init(w: World, device: torch.device, timeout_s: float) -> str:
         try:
             dist.init_process_group(backend, **kwargs)
         except (ValueError, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and is_peer_failure(exc):  # the store's wait ran out
+                raise GroupNotFormed(f"the {w.size}-process group did not form within ddp_timeout={timeout_s:g} s "
+                                     f"({_reason(exc)}): {_why_not_formed()}") from None
             raise ConfigError(f"cannot join the {w.size}-process group ({_reason(exc)}): start multi-process "
                               "training with torchrun (or libreyolo train ... device=0,1)") from None
         _STATE["owned"] = True
     _watch_sigterm(w.rank)
     return dist.get_backend()
+
+
+def _why_not_formed() -> str:
+    if _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # engine/elastic.py, "torch's shared store"
+        return ("torchrun restarted the run, and torch's shared rendezvous store can hand a restarted process the "
+                "previous attempt's addresses (pytorch/pytorch#135712); start torchrun with "
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    return (f"a process of the run (another node's?) never started or cannot reach {where}; start every node "
+            "with the same rendezvous endpoint, or raise ddp_timeout")
 
 
 def shutdown() -> None:
@@ -326,6 +359,24 @@ def broadcast_object(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def from_rank0(read: Callable[[], Any]) -> Any:
+    """`read()` on rank 0 only, its result on every rank: what only rank 0 may read (the run
+    directory, which other nodes need not see). A LibreYOLOError it raises is raised on every rank
+    (rank 0 alone prints it)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return read()
+    outcome: tuple[Any, LibreYOLOError | None] = (None, None)
+    if dist.get_rank() == 0:
+        try:
+            outcome = (read(), None)
+        except LibreYOLOError as exc:
+            outcome = (None, exc)
+    value, error = broadcast_object(outcome)
+    if error is not None:
+        raise error
+    return value
 
 
 def gather_object(obj: Any) -> list[Any] | None:

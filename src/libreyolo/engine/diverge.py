@@ -49,17 +49,25 @@ def check_weights(state: dict[str, Any], where: str, last_good: Callable[[], str
                                  f"'{bad[0]}') while every loss read back was finite: not saved; {last_good()}")
 
 
-def finite_epoch(path: Path) -> int | None:
-    """The 0-based epoch of checkpoint `path` when its weights (model, EMA) are all finite; None
-    when they are not, or the file cannot be read as a checkpoint."""
+def finite_position(path: Path) -> tuple[int, int | None] | None:
+    """(0-based epoch, batches of it done or None at its end) of checkpoint `path` when its
+    weights (model, EMA) are all finite; None when they are not, or the file cannot be read as a
+    checkpoint."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
         return None
     if not isinstance(ckpt, dict) or nonfinite(ckpt.get("model")) or nonfinite(ckpt.get("ema")):
         return None
-    epoch = ckpt.get("epoch")
-    return epoch if isinstance(epoch, int) else None
+    epoch, step = ckpt.get("epoch"), ckpt.get("step")
+    if not isinstance(epoch, int):
+        return None
+    return epoch, step if isinstance(step, int) and step > 0 else None
+
+
+def _where(position: tuple[int, int | None]) -> str:
+    epoch, step = position
+    return f"end of epoch {epoch + 1}" if step is None else f"epoch {epoch + 1}, after its step {step}"
 
 
 def last_good_state(run_dir: Path | None, written: dict[Path, Any], resumed: bool = False) -> str:
@@ -74,15 +82,15 @@ def last_good_state(run_dir: Path | None, written: dict[Path, Any], resumed: boo
     last = weights / "last.pt"
     if not last.exists() or not (resumed or last in written):
         return none
-    epoch = finite_epoch(last)
-    if epoch is not None:
-        return f"the last good state is {last} (end of epoch {epoch + 1})"
+    position = finite_position(last)
+    if position is not None:
+        return f"the last good state is {last} ({_where(position)})"
     others = sorted(weights.glob("epoch*.pt"), key=_number, reverse=True) + [weights / "best.pt"]
     found = [(e, p) for p in others if p.is_file() and (resumed or p in written)
-             and (e := finite_epoch(p)) is not None]
+             and (e := finite_position(p)) is not None]
     if found:
-        epoch, path = max(found, key=lambda t: t[0])
-        return (f"{last} holds non-finite weights; the last good state is {path} (end of epoch {epoch + 1})")
+        position, path = max(found, key=lambda t: t[0][0])  # epoch-end checkpoints: by epoch
+        return f"{last} holds non-finite weights; the last good state is {path} ({_where(position)})"
     return f"{last} holds non-finite weights and no other checkpoint of the run has finite ones"
 
 

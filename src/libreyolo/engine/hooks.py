@@ -45,7 +45,7 @@ class ProgressHook(Hook):
 
     def before_epoch(self, trainer: Run) -> None:
         self._t0 = self._last_line = self.clock()
-        self._last_line_step = 0
+        self._first = self._last_line_step = trainer.batch_index  # > 0 when resumed mid-epoch
         self._shown_log = trainer.last_log  # the previous epoch's figures are not this epoch's
         if not self.live:
             return
@@ -54,7 +54,8 @@ class ProgressHook(Hook):
                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                  console=self.console, transient=False)
         self.progress.start()
-        self._task = self.progress.add_task(_epoch_name(trainer), total=trainer.steps_per_epoch, info="")
+        self._task = self.progress.add_task(_epoch_name(trainer), total=trainer.steps_per_epoch,
+                                            completed=trainer.batch_index, info="")
 
     def after_step(self, trainer: Run) -> None:
         fresh = trainer.last_log is not self._shown_log  # a read-back just happened
@@ -75,7 +76,7 @@ class ProgressHook(Hook):
             return
         self._last_line, self._last_line_step = now, done
         elapsed = now - self._t0
-        left = elapsed / done * (total - done)
+        left = elapsed / max(done - self._first, 1) * (total - done)
         self._print(f"{_epoch_name(trainer)}  {done}/{total} steps ({100 * done / total:.0f}%)  "
                     f"{_format_log(trainer, metrics=False)}  {_clock(elapsed)} elapsed, ETA {_clock(left)}")
 
@@ -211,12 +212,18 @@ class ResultsHook(Hook):
 
 class CheckpointHook(Hook):
     """last.pt every epoch, best.pt when `validation` (the run's ValidationHook) saw a new best
-    this epoch, epochN.pt every `save_period` epochs. Runs after the validation hook. The files
-    are written on the trainer's checkpoint thread, which the trainer waits for before
-    `after_train` (and before it names the last good state of a failed run)."""
+    this epoch, epochN.pt every `save_period` epochs. Runs after the validation hook. With
+    `checkpoint_steps`, last.pt also after every N-th optimizer step (the trainer says when:
+    `checkpoint_step`), so last.pt is always the run's latest state. The files are written on the
+    trainer's checkpoint thread, which the trainer waits for before `after_train` (and before it
+    names the last good state of a failed run)."""
 
     def __init__(self, validation: ValidationHook | None = None) -> None:
         self.validation = validation
+
+    def after_step(self, trainer: Run) -> None:
+        if trainer.checkpoint_step is not None:
+            trainer.save_in_background(trainer.run_dir / "weights" / "last.pt")
 
     def after_epoch(self, trainer: Run) -> None:
         weights = trainer.run_dir / "weights"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -123,6 +124,17 @@ class LossMeter:
         self.last_log = {"img_s": interval.images / seconds}
         if self.device.type == "cuda":
             self.last_log["mem_gb"] = torch.cuda.max_memory_reserved(self.device) / 2**30
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch's sums so far, as a mid-epoch checkpoint keeps them (after a `final` read:
+        nothing is left on the device), so the resumed epoch's means are the whole epoch's."""
+        return {"sums": list(self._epoch_sum), "count": self._epoch_count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        sums = [float(v) for v in state["sums"]]
+        if len(sums) != len(self.item_names):
+            raise ValueError(f"the checkpoint's loss meter has {len(sums)} items, this loss {len(self.item_names)}")
+        self._epoch_sum, self._epoch_count = sums, int(state["count"])
 
     def epoch_means(self) -> dict[str, float]:
         """Mean loss items over this epoch's finite steps read back so far."""

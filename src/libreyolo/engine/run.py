@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..tasks.base import TaskSpec
     from .distributed import World
     from .ema import ModelEMA
+    from .meter import LossMeter
     from .precision import Precision
 
 
@@ -67,6 +68,9 @@ class Run(Protocol):
     batch_index: int
     iteration: int
     steps_per_epoch: int
+    updates: int             # optimizer steps of the run so far
+    checkpoint_step: int | None  # batches of the epoch done, during the step a mid-epoch checkpoint is due
+    meter: LossMeter         # the epoch's loss sums (a mid-epoch checkpoint keeps them)
     stop: bool               # a hook sets it to end the run after this step or epoch
     # The last validation: scalar metrics, the task's detail results, and its epoch.
     metrics: dict[str, float]

@@ -4,6 +4,12 @@ What a checkpoint holds beyond the weights: the optimizer (flat groups), the pre
 (loss scaler), the EMA and its update count, the epoch, the last validation's metrics, the
 resolved config, every RNG (every rank's under multi-process training) and each hook's
 `state_dict` (the validation hook's best epoch, ...).
+
+A checkpoint written mid-epoch (`checkpoint_steps`) also holds `step`, the batches of its epoch
+done, and the epoch's loss sums so far; a resume from it goes on at the next batch of that
+epoch. It is always written right after an optimizer step, so no gradient is half accumulated;
+the data order, augmentation and schedule are functions of (seed, epoch, batch), so nothing else
+of the position needs keeping. An end-of-epoch checkpoint has `step` None.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ def training_state(trainer: Run, detached: bool = False) -> dict[str, Any]:
         "model": cpu_state(trainer.model), "ema": cpu_state(ema.ema) if ema else None,
         "ema_updates": ema.updates if ema else 0,
         "optimizer": optimizer, "precision": trainer.precision.state_dict(),
-        "epoch": trainer.epoch, "metrics": dict(trainer.metrics), "config": trainer.cfg.to_dict(),
+        "epoch": trainer.epoch, "step": trainer.checkpoint_step, "updates": trainer.updates,
+        "losses": trainer.meter.state_dict() if trainer.checkpoint_step else None,
+        "metrics": dict(trainer.metrics), "config": trainer.cfg.to_dict(),
         # What a resume on a moved dataset (data= beside resume=) is checked against.
         "data_images": image_counts(trainer),
         "rng": ckpt_io.rng_state(),
@@ -76,7 +84,11 @@ def _restore(trainer: Run, ckpt: dict) -> None:
             "a checkpoint from before the flat optimizer (one tensor per parameter group) cannot be "
             "resumed: fine-tune from its weights instead (model=<checkpoint>)") from None
     trainer.precision.load_state_dict(ckpt["precision"])
-    trainer.start_epoch = int(ckpt["epoch"]) + 1
+    trainer.start_epoch, trainer.start_batch = resume_position(ckpt, trainer.steps_per_epoch)
+    if trainer.start_batch:
+        trainer.resumed_losses = ckpt.get("losses")
+    trainer.updates = int(ckpt.get("updates") or 0)
+    trainer.resumed = True
     trainer.metrics = dict(ckpt.get("metrics") or {})
     world = trainer.world
     ranks = ckpt.get("rng_ranks")
@@ -91,7 +103,23 @@ def _restore(trainer: Run, ckpt: dict) -> None:
         saved["ValidationHook"] = {"best_fitness": ckpt.get("best_fitness", -1.0), "best_epoch": ckpt["best_epoch"]}
     for hook in trainer.hooks:
         hook.load_state_dict(saved.get(type(hook).__name__, {}))
-    log.info(f"resuming from epoch {trainer.start_epoch + 1}/{trainer.cfg.epochs}")
+    at = f", step {trainer.start_batch + 1}/{trainer.steps_per_epoch}" if trainer.start_batch else ""
+    log.info(f"resuming from epoch {trainer.start_epoch + 1}/{trainer.cfg.epochs}{at}")
+
+
+def mid_epoch(ckpt: dict) -> int | None:
+    """The batches of its epoch a mid-epoch checkpoint had done; None for an epoch's end."""
+    step = ckpt.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else None
+
+
+def resume_position(ckpt: dict, steps_per_epoch: int) -> tuple[int, int]:
+    """(epoch, batch) a resume from `ckpt` starts at: the next batch of a mid-epoch checkpoint's
+    epoch, else the next epoch's first."""
+    step = mid_epoch(ckpt)
+    if step is not None and step < steps_per_epoch:
+        return int(ckpt["epoch"]), step
+    return int(ckpt["epoch"]) + 1, 0
 
 
 def _copied(value: Any) -> Any:

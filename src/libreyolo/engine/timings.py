@@ -9,7 +9,8 @@ figures the train summary prints and `timings.json` holds:
 - `first_batch_wait_s`: the first batch's wait (worker start-up and their first decode);
 - `first_epoch_s`, `steady_epoch_s` (median of the later epochs' step loops) and
   `first_epoch_overhead_s` = first - steady: warm-up costs (cuDNN autotuning, graph capture,
-  worker start) that only the first epoch pays;
+  worker start) that only the first epoch pays (none when the first epoch was the rest of an
+  epoch that a mid-epoch checkpoint resumed: it is not comparable);
 - `validation_s`, `val_img_s`, `checkpoint_s`: totals of the validation and checkpoint hooks
   (the checkpoint figure is the training thread's share: the state's detached copy each epoch and
   the wait for the checkpoint thread at the end);
@@ -32,6 +33,7 @@ class RunClock:
         self.first_step_unix: float | None = None
         self.first_batch_wait_s: float | None = None
         self.epochs: list[float] = []          # seconds of each epoch's step loop
+        self.first_whole = True                # False: the first was a resumed epoch's rest
         self.hooks: dict[str, float] = {}      # seconds per hook class, epoch-level events
         self.val_images = 0
         self.end: float | None = None
@@ -44,7 +46,9 @@ class RunClock:
             self.first_step_unix = time.time()
             self.first_batch_wait_s = batch_wait_s
 
-    def add_epoch(self, seconds: float) -> None:
+    def add_epoch(self, seconds: float, whole: bool = True) -> None:
+        if not self.epochs:
+            self.first_whole = whole
         self.epochs.append(seconds)
 
     def add_hook(self, name: str, seconds: float) -> None:
@@ -64,7 +68,8 @@ class RunClock:
             "first_batch_wait_s": _r(self.first_batch_wait_s),
             "first_epoch_s": _r(first),
             "steady_epoch_s": _r(steady),
-            "first_epoch_overhead_s": _r(first - steady) if first is not None and steady is not None else None,
+            "first_epoch_overhead_s": (_r(first - steady) if first is not None and steady is not None
+                                       and self.first_whole else None),
             "epochs_s": [_r(e) for e in self.epochs],
             "validation_s": _r(validation),
             "val_img_s": _r(self.val_images / validation) if validation > 0 and self.val_images else None,

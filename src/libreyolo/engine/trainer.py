@@ -66,8 +66,7 @@ class Trainer:
         self.cfg, self.family, self.size, self.data_cfg, self.task = cfg, family, size, data_cfg, task
         self.run_dir, self.device = run_dir, device
         # Under torchrun this process is one of world.size (engine/distributed.py); alone, (0, 1).
-        self.world = w = distributed.world()
-        distributed.check_batch(cfg.batch, w)
+        self.world = w = distributed.world()  # joined at the command's start (distributed.join)
         seed_everything(cfg.seed, cfg.deterministic)
         self.model = place_model(model, cfg, device)
         self.train_loader = task.train_loader(data_cfg, cfg, w.rank, w.size)
@@ -112,6 +111,11 @@ class Trainer:
         self.schedule = LRSchedule(self.optimizer, cfg, self.steps_per_epoch, cfg.accumulate)
         self.hooks: list[Hook] = list(hooks) if w.main else []
         self.start_epoch, self.epoch, self.batch_index, self.iteration = 0, 0, 0, 0
+        self.start_batch = 0  # a resume from a mid-epoch checkpoint: the first batch of start_epoch
+        self.resumed = False
+        self.updates = 0  # optimizer steps of the run so far (checkpoint_steps counts them)
+        self.checkpoint_step: int | None = None  # set for the step a mid-epoch checkpoint is due after
+        self.resumed_losses: dict | None = None  # that checkpoint's loss sums of its epoch so far
         self.stop = False  # set by a hook to end the run (early stopping, `profile run`)
         # The last validation: scalar metrics, the task's detail results, and its epoch.
         self.metrics: dict[str, float] = {}
@@ -153,10 +157,13 @@ class Trainer:
                 out_of_memory_as_error(self.cfg, self.device):
             for epoch in range(self.start_epoch, self.cfg.epochs):
                 self.epoch = epoch
+                first = self.start_batch if epoch == self.start_epoch else 0
                 self.train_loader.set_epoch(self.epoch)
+                self.train_loader.start_at(first)
                 self._family_epoch()
+                self.batch_index = first
                 self._call("before_epoch")
-                self.run_epoch()
+                self.run_epoch(first)
                 if self.world.active:
                     self.rank_rng = distributed.gather_object(ckpt_io.rng_state())
                 self._call("after_epoch")
@@ -202,14 +209,17 @@ class Trainer:
             log.info(f"epoch {self.epoch + 1}: {reason}")
             self.graphs.invalidate(reason)
 
-    def run_epoch(self) -> None:
+    def run_epoch(self, first: int = 0) -> None:
+        """The epoch's steps from batch `first` (0, or where a mid-epoch checkpoint left it)."""
         self.model.train()
         n = self.steps_per_epoch
         self.meter.start_epoch()
+        if first and self.resumed_losses is not None:
+            self.meter.load_state_dict(self.resumed_losses)  # the epoch's row averages all its steps
         t_epoch = time.perf_counter()
         batches = iter(self.train_loader)
-        since_update = 0
-        for batch_index in range(n):
+        since_update = 0  # a mid-epoch checkpoint is written right after an optimizer step
+        for batch_index in range(first, n):
             self.batch_index = batch_index
             with phase("data"):
                 batch = next(batches)
@@ -226,14 +236,29 @@ class Trainer:
             self.meter.add(items, self.train_loader.sampler.global_size(batch_index)
                            if self.world.active else batch.images.shape[0])
             last = self.batch_index + 1 == n
-            if (self.batch_index + 1) % self.cfg.log_interval == 0 or last:
-                self._read_losses(final=last)
+            self.updates += update
+            # checkpoint_steps: every N optimizer steps, except at the epoch's end (its own checkpoint
+            # follows). Every rank counts the same steps, so every rank reaches the collective below.
+            every = self.cfg.checkpoint_steps
+            mid_epoch = update and not last and every > 0 and self.updates % every == 0
+            if (self.batch_index + 1) % self.cfg.log_interval == 0 or last or mid_epoch:
+                self._read_losses(final=last or mid_epoch)  # a checkpoint keeps the epoch's loss sums
+            if mid_epoch:
+                self._prepare_mid_epoch_checkpoint()
             self._call("after_step")
+            self.checkpoint_step = None
             if self.stop:  # a hook ended the run mid-epoch (`profile run` after its window)
                 self._read_losses(final=True)  # so the epoch line shows the steps that did run
                 break
         # The final read-back synchronised with the device, so this is the epoch's real length.
-        self.clock.add_epoch(time.perf_counter() - t_epoch)
+        self.clock.add_epoch(time.perf_counter() - t_epoch, whole=first == 0)
+
+    def _prepare_mid_epoch_checkpoint(self) -> None:
+        """What the CheckpointHook's mid-epoch last.pt needs beyond rank 0's state: every rank's
+        RNG (a collective), and the position, which tells the hook that one is due."""
+        if self.world.active:
+            self.rank_rng = distributed.gather_object(ckpt_io.rng_state())
+        self.checkpoint_step = self.batch_index + 1
 
     def _read_losses(self, final: bool = False) -> None:
         # Within an epoch the read is deferred on CUDA (meter.py): the loop does not wait for the
@@ -253,7 +278,7 @@ class Trainer:
         """What a failed run can resume from (asked only on a failure path)."""
         self.checkpoints.wait(raise_errors=False)  # a pending last.pt is the last good state once written
         # Read back and checked to hold finite weights before it is named (engine/diverge.py).
-        return diverge.last_good_state(self.run_dir, self.checkpoints.written, resumed=self.start_epoch > 0)
+        return diverge.last_good_state(self.run_dir, self.checkpoints.written, resumed=self.resumed)
 
     # --- validation, checkpoints ----------------------------------------------------------------
     def validate(self) -> dict[str, float]:
