@@ -73,7 +73,9 @@ class HybridEncoder(nn.Module):
     projections, AIFI (one transformer layer with the 2D sin-cos position) on the coarsest map,
     then CCFF: a top-down FPN (lateral conv, nearest 2x upsampling, fusion block) and a bottom-up
     PAN (downsampling conv, fusion block). Subclasses set `input_proj`, `aifi`, `lateral`, `fpn`,
-    `down` and `pan` (one entry per level, per level pair for the last four)."""
+    `down` and `pan` (one entry per level, per level pair for the last four). The two maps a
+    fusion block takes are concatenated, or added where `fuse_sum` is set (DEIM's `fuse_op: sum`,
+    which DEIMv2 uses: the fusion blocks then take `hidden` channels, not 2 x `hidden`)."""
 
     input_proj: nn.ModuleList
     aifi: nn.Module
@@ -81,6 +83,10 @@ class HybridEncoder(nn.Module):
     fpn: nn.ModuleList
     down: nn.ModuleList
     pan: nn.ModuleList
+    fuse_sum = False
+
+    def fuse(self, a: Tensor, b: Tensor) -> Tensor:
+        return a + b if self.fuse_sum else torch.cat((a, b), 1)
 
     def forward(self, feats: Sequence[Tensor]) -> tuple[Tensor, ...]:
         x = [proj(f) for proj, f in zip(self.input_proj, feats)]
@@ -94,10 +100,10 @@ class HybridEncoder(nn.Module):
             high = self.lateral[j](inner[0])
             inner[0] = high
             up = F.interpolate(high, scale_factor=2.0, mode="nearest")
-            inner.insert(0, self.fpn[j](torch.cat((up, x[i - 1]), 1)))
+            inner.insert(0, self.fpn[j](self.fuse(up, x[i - 1])))
         outs = [inner[0]]
         for j in range(len(x) - 1):
-            outs.append(self.pan[j](torch.cat((self.down[j](outs[-1]), inner[j + 1]), 1)))
+            outs.append(self.pan[j](self.fuse(self.down[j](outs[-1]), inner[j + 1])))
         return tuple(outs)
 
 
