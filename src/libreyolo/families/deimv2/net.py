@@ -15,7 +15,8 @@ the decoder and its MLPs, 100 denoising queries, label noise 0.5, box noise 1.0)
          layers, FFN 512, 2 levels x (6, 6) points, 300 queries, gated, one corner head per layer.
 What DEIMv2's decoder (engine/deim/deim_decoder.py DEIMTransformer) changes against D-FINE's, all
 sizes: RMSNorm and SwiGLU in the layers (decoder.py), no Linear + LayerNorm on the memory before
-the query-selection heads (`enc_output`), a query position MLP(4, C, C, 3).
+the query-selection heads (`enc_output`), a query position MLP(4, C, C, 3) computed once from the
+first references (D-FINE's is recomputed in every layer from the refined boxes).
 The larger sizes (S, M, L, X) put a DINOv3-distilled ViT with a spatial tuning adapter in place of
 HGNetv2 and are not built here.
 Published (DEIMv2 README; GFLOPs at each size's input: atto 320, femto 416, pico and n 640):
@@ -120,6 +121,7 @@ class DEIMv2Model(DFINEModel):
             return DecoderLayer(arch.hidden, 8, arch.ffn, arch.points, arch.gateway)
         return FDRDecoder(arch.hidden, 8, arch.ffn, arch.layers, arch.points, num_classes, act, REG_MAX,
                           REG_SCALE, layer=layer, query_pos=MLP(4, arch.hidden, arch.hidden, 3, act=act),
+                          static_query_pos=True,
                           share_corners=arch.share_corners)
 
     def set_epoch(self, epoch: int, cfg) -> None:

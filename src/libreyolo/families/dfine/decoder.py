@@ -112,10 +112,12 @@ class LQE(nn.Module):
 class DecoderLayer(layers.DecoderLayer):
     """The core's decoder layer in D-FINE's form: cross-attention without value/output
     projections (D-FINE samples the encoder memory directly), a `Gate` in place of the
-    cross-attention residual + norm2, the FFN activation of the recipe, the float16 clamp."""
+    cross-attention residual + norm2, the FFN activation of the recipe, the float16 clamp.
+    EdgeCrafter's ECDet keeps torch's default FFN init (`xavier_ffn=False`)."""
 
-    def __init__(self, dim: int, heads: int, ffn: int, points: tuple[int, ...], act: type[nn.Module]):
-        super().__init__(dim, heads, ffn, 0.0, len(points), points, clamp_fp16=True)
+    def __init__(self, dim: int, heads: int, ffn: int, points: tuple[int, ...], act: type[nn.Module],
+                 xavier_ffn: bool = True):
+        super().__init__(dim, heads, ffn, 0.0, len(points), points, xavier_ffn=xavier_ffn, clamp_fp16=True)
         self.cross_attn.value_proj = self.cross_attn.output_proj = nn.Identity()
         self.norm2 = Gate(dim)
         self.act = act()
@@ -133,17 +135,20 @@ class DecoderLayer(layers.DecoderLayer):
 class FDRDecoder(nn.Module):
     """Queries + references -> per-layer logits, boxes, corner logits and the references used.
 
-    D-FINE's by default. DEIMv2 and EdgeCrafter's ECDet change three parts, passed in: `layer`
+    D-FINE's by default. DEIMv2 and EdgeCrafter's ECDet change four parts, passed in: `layer`
     builds one decoder layer (DEIMv2's RMSNorm/SwiGLU form), `query_pos` is the query position
     MLP (theirs: MLP(4, C, C, 3), every layer xavier-initialised as upstream's `_reset_parameters`
-    does), and `share_corners` gives every layer one corner head (`share_bbox_head`)."""
+    does) and `static_query_pos` embeds only the first references (their TransformerDecoder
+    computes `query_pos_embed` once, before the layers; D-FINE's again in every layer, from the
+    refined boxes), and `share_corners` gives every layer one corner head (`share_bbox_head`)."""
 
     def __init__(self, dim: int, heads: int, ffn: int, layers: int, points: tuple[int, ...],
                  num_classes: int, act: type[nn.Module], reg_max: int = 32, reg_scale: float = 4.0,
                  up: float = 0.5, *, layer: Callable[[], nn.Module] | None = None,
-                 query_pos: MLP | None = None, share_corners: bool = False):
+                 query_pos: MLP | None = None, static_query_pos: bool = False, share_corners: bool = False):
         super().__init__()
         self.reg_max, self.reg_scale = reg_max, reg_scale
+        self.static_query_pos = static_query_pos
         self.register_buffer("project", weighting_function(reg_max, up, reg_scale), persistent=False)
         if layer is None:
             def layer() -> nn.Module:
@@ -173,8 +178,11 @@ class FDRDecoder(nn.Module):
         ref = ref_logit.sigmoid()
         logits, boxes, corners_out, refs = [], [], [], []
         prev_x = prev_corners = 0
+        pos = self.query_pos(ref).clamp(-10, 10)
         for i, layer in enumerate(self.layers):
-            x = layer(x, ref.unsqueeze(2), value, shapes, mask, self.query_pos(ref).clamp(-10, 10))
+            if i > 0 and not self.static_query_pos:
+                pos = self.query_pos(ref).clamp(-10, 10)
+            x = layer(x, ref.unsqueeze(2), value, shapes, mask, pos)
             if i == 0:
                 pre_boxes = (self.pre_bbox(x) + inverse_sigmoid(ref)).sigmoid()
                 pre_logits = self.score[0](x)
