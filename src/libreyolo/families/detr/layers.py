@@ -52,15 +52,16 @@ def sincos_pos_embed_2d(h: int, w: int, dim: int = 256, temperature: float = 100
 class EncoderLayer(nn.Module):
     """AIFI's transformer layer (post-norm): self-attention with the position embedding added to
     queries and keys, then a GELU FFN. RT-DETR r18: 8 heads, FFN 1024, dropout 0, enc_act gelu
-    (configs/rtdetrv2/include/rtdetrv2_r50vd.yml HybridEncoder)."""
+    (configs/rtdetrv2/include/rtdetrv2_r50vd.yml HybridEncoder); EdgeCrafter's is SiLU (`act`)."""
 
-    def __init__(self, dim: int = 256, heads: int = 8, ffn: int = 1024, dropout: float = 0.0):
+    def __init__(self, dim: int = 256, heads: int = 8, ffn: int = 1024, dropout: float = 0.0,
+                 act: type[nn.Module] = nn.GELU):
         super().__init__()
         self.self_attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
         self.linear1, self.linear2 = nn.Linear(dim, ffn), nn.Linear(ffn, dim)
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.drop, self.drop1, self.drop2 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
-        self.act = nn.GELU()
+        self.act = act()
 
     def forward(self, x: Tensor, pos: Tensor | None = None) -> Tensor:
         q = x if pos is None else x + pos
