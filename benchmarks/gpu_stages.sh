@@ -144,7 +144,7 @@ train() {  # train NAME KEY=VALUE...: a training run; its results.csv and log co
   tail -3 "$out/$name.log"
 }
 six=fp32,fp32+graph,float16,float16+graph,bfloat16,bfloat16+graph
-detrs="rtdetr-r18 rtdetrv2-r18 dfine-n dfine-s deim-n deim-s rtdetrv4-s"
+detrs="rtdetr-r18 rtdetrv2-r18 dfine-n dfine-s deim-n deim-s rtdetrv4-s deimv2-atto deimv2-femto ec-s ec-m"
 
 stage_run() {
   case "$1" in

@@ -17,11 +17,14 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
-# Every test writes its generated datasets and downloads under a per-run temp dir, never ~.
+# Every test writes its generated datasets and downloads under a per-run temp dir, never ~. And
+# no test downloads published weights (ECDet's training fetches its ViT's by default): the
+# weights URL is a closed local port unless a test serves its own (test_model_names.py).
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     if "LIBREYOLO_CACHE" not in os.environ:
         os.environ["LIBREYOLO_CACHE"] = str(tmp_path_factory.mktemp("libreyolo_cache"))
+    os.environ.setdefault("LIBREYOLO_WEIGHTS_URL", "http://127.0.0.1:9/weights")
     yield
 
 

@@ -81,7 +81,7 @@ class LibreYOLO:
             return self._resume({**kept, "resume": str(previous.checkpoint)}, hooks)
         data_cfg = task.load_data(cfg.data)
         seed_everything(cfg.seed, cfg.deterministic)  # before building: the initial weights are seeded too
-        model = build_model(self.source, len(data_cfg.names))
+        model = build_model(self.source, len(data_cfg.names), pretrained=True)
         with checking_inputs():
             # The trainer scans the labels and images and builds the loaders: every check of the
             # inputs runs before the run directory exists, so a command that fails on them writes

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,9 +67,8 @@ def resolve_model(name: str) -> ModelSource:
     official = parse_official(path.name)
     if official is not None:
         spec, size = official
-        cached = cache_dir() / "weights" / path.name
-        problem = None if cached.is_file() else _try_download(path.name, cached)
-        if problem is None:
+        cached, problem = fetch_weights(path.name, load_checkpoint)
+        if cached is not None:
             return ModelSource(spec, size, load_checkpoint(cached), cached)
         log.warning(f"{problem}; building {arch_name(spec, size)} from scratch (random init)")
         return ModelSource(spec, size, None, None)
@@ -96,15 +96,24 @@ def arch_of(name: str) -> tuple[FamilySpec, str]:
     return source.spec, source.size
 
 
-def _try_download(name: str, dest: Path) -> str | None:
-    """Fetch official weights into the cache; None on success, else why not (one line)."""
+def fetch_weights(name: str, check: Callable[[Path], Any]) -> tuple[Path | None, str | None]:
+    """A published weights file by name, through the path official weights take: the cached
+    copy (`$LIBREYOLO_CACHE/weights/<name>`), else downloaded from `$LIBREYOLO_WEIGHTS_URL/<name>`
+    and accepted by `check` (which raises CheckpointError on a file it cannot use). Returns
+    (path, None), or (None, why not in one line)."""
+    cached = cache_dir() / "weights" / name
+    problem = None if cached.is_file() else _try_download(name, cached, check)
+    return (None, problem) if problem else (cached, None)
+
+
+def _try_download(name: str, dest: Path, check: Callable[[Path], Any]) -> str | None:
+    """Fetch published weights into the cache; None on success, else why not (one line)."""
     from .data.download import download_file
-    from .engine.checkpoint import load_checkpoint
 
     url = os.environ.get("LIBREYOLO_WEIGHTS_URL", DEFAULT_WEIGHTS_URL).rstrip("/") + "/" + name
     try:
         download_file(url, dest)
-        load_checkpoint(dest)  # an HTML error page saved as .pt must not poison the cache
+        check(dest)  # an HTML error page saved as .pt must not poison the cache
     except (DataError, CheckpointError) as exc:
         dest.unlink(missing_ok=True)
         return f"weights {name} are not available ({exc})"

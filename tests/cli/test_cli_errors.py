@@ -194,3 +194,7 @@ def test_cfg_of_the_detrs_shows_amp_off_and_the_inherited_recipe(capsys):
         "lr_flat": ("0.485", "deim"), "mosaic": ("0.5", "deim"), "backbone_lr": ("0.5", "deim")}
     assert v4["task"] == ("detect", "rtdetrv4") and v4["epochs"] == ("100", "base")
     assert rows("LibreRTDETRr18.pt")["backbone_lr"] == ("0.1", "rtdetr")  # an official name, parsed only
+    v2 = rows("LibreDEIMv2atto.pt")  # DEIM's recipe inherited, AMP on as upstream trains it
+    assert {k: v2[k] for k in ("amp", "lr_schedule", "lr0", "imgsz", "mixup")} == {
+        "amp": ("true", "deimv2"), "lr_schedule": ("flat_cosine", "deim"), "lr0": ("0.002", "deimv2-atto"),
+        "imgsz": ("320", "deimv2-atto"), "mixup": ("0.0", "deimv2, long runs")}

@@ -71,7 +71,7 @@ def _download(url: str, dest: Path, name: str, root: Path) -> str:
                 f.write(chunk)
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", None) or e
-        if root.suffix == ".pt":  # a weights file
+        if root.suffix in (".pt", ".pth"):  # a weights file
             raise DataError(f"could not download {url} ({reason}); place the file at {root} yourself") from None
         raise DataError(f"{name}: could not download {url} ({reason}); place the dataset at "
                         f"{root} yourself, or use data=shapes (built in, no download)") from None

@@ -49,7 +49,9 @@ def parse_family(name: str) -> FamilySpec | None:
 
 
 from .deim.spec import SPEC as _DEIM  # noqa: E402
+from .deimv2.spec import SPEC as _DEIMV2  # noqa: E402
 from .dfine.spec import SPEC as _DFINE  # noqa: E402
+from .ec.spec import SPEC as _EC  # noqa: E402
 from .fomo.spec import SPEC as _FOMO  # noqa: E402
 from .lingbot.spec import SPEC as _LINGBOT  # noqa: E402
 from .mobilenetv4.spec import SPEC as _MOBILENETV4  # noqa: E402
@@ -74,6 +76,8 @@ register(_RTDETRV2)
 register(_DFINE)
 register(_DEIM)
 register(_RTDETRV4)
+register(_DEIMV2)
+register(_EC)
 register(_FOMO)
 register(_SEGFORMER)
 register(_LINGBOT)

@@ -17,6 +17,7 @@ Seams for the other families:
 - `classification(logits, onehot, score)` is the class term; DEIM's MAL replaces it (and sets
   `cls_name = "mal"`).
 - `output_sets(out)` lists the matched sets (D-FINE adds its pre-head);
+- `match_cost(...)` is the Hungarian cost (DEIMv2 switches it late in training);
 - `extra_terms(out, pairs, targets)` returns more gain-weighted per-image sums ([B] each, keys
   = `extra_names`), D-FINE's "fgl"/"ddf"; it receives every set's pairs.
 Vectorised over images and sets: matched predictions are gathered with [B, S, P] indices and a
@@ -34,7 +35,7 @@ from torch import Tensor
 from ..base import Targets
 from ..common import PerImageLoss
 from .boxes import cxcywh_to_xyxy, iou_giou, xyxy_to_cxcywh
-from .matcher import hungarian_match
+from .matcher import match_cost, solve
 from .output import INPUT_WH, DETROutput
 
 # rtdetrv2 configs/rtdetrv2/include/rtdetrv2_r50vd.yml RTDETRCriterionv2 (r18 inherits it).
@@ -87,6 +88,10 @@ class DETRLoss(PerImageLoss):
         """The Hungarian-matched sets, name -> (logits [B, S, Q, C], boxes [B, S, Q, 4])."""
         return {"dec": (out.logits, out.boxes), "enc": (out.enc_logits, out.enc_boxes)}
 
+    def match_cost(self, logits: Tensor, boxes: Tensor, labels: Tensor, tgt_boxes: Tensor) -> Tensor:
+        """The matching cost of N stacked sets [N, M, Q] (matcher.match_cost's arguments)."""
+        return match_cost(logits, boxes, labels, tgt_boxes)
+
     def extra_terms(self, out: DETROutput, pairs: dict[str, SetPairs], tgt: NormTargets) -> dict[str, Tensor]:
         """More gain-weighted per-image sums ([B] each, keys = `extra_names`); none here."""
         return {}
@@ -121,8 +126,9 @@ class DETRLoss(PerImageLoss):
         def per_set(t: Tensor) -> Tensor:  # [B, M, ...] -> [B * S, M, ...]
             return t.unsqueeze(1).expand(b, s, *t.shape[1:]).flatten(0, 1)
 
-        res = hungarian_match(logits.detach().flatten(0, 1), boxes.detach().flatten(0, 1),
-                              per_set(tgt.labels), per_set(tgt.boxes), per_set(tgt.valid), self.backend)
+        cost = self.match_cost(logits.detach().flatten(0, 1), boxes.detach().flatten(0, 1),
+                               per_set(tgt.labels), per_set(tgt.boxes))
+        res = solve(cost, per_set(tgt.valid), self.backend)
         query, mask = res.query.view(b, s, m), res.matched.view(b, s, m)
         target = torch.arange(m, device=query.device).expand(b, s, m)
         out, start = {}, 0

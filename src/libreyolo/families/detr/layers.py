@@ -52,15 +52,16 @@ def sincos_pos_embed_2d(h: int, w: int, dim: int = 256, temperature: float = 100
 class EncoderLayer(nn.Module):
     """AIFI's transformer layer (post-norm): self-attention with the position embedding added to
     queries and keys, then a GELU FFN. RT-DETR r18: 8 heads, FFN 1024, dropout 0, enc_act gelu
-    (configs/rtdetrv2/include/rtdetrv2_r50vd.yml HybridEncoder)."""
+    (configs/rtdetrv2/include/rtdetrv2_r50vd.yml HybridEncoder); EdgeCrafter's is SiLU (`act`)."""
 
-    def __init__(self, dim: int = 256, heads: int = 8, ffn: int = 1024, dropout: float = 0.0):
+    def __init__(self, dim: int = 256, heads: int = 8, ffn: int = 1024, dropout: float = 0.0,
+                 act: type[nn.Module] = nn.GELU):
         super().__init__()
         self.self_attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
         self.linear1, self.linear2 = nn.Linear(dim, ffn), nn.Linear(ffn, dim)
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.drop, self.drop1, self.drop2 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
-        self.act = nn.GELU()
+        self.act = act()
 
     def forward(self, x: Tensor, pos: Tensor | None = None) -> Tensor:
         q = x if pos is None else x + pos
@@ -73,7 +74,9 @@ class HybridEncoder(nn.Module):
     projections, AIFI (one transformer layer with the 2D sin-cos position) on the coarsest map,
     then CCFF: a top-down FPN (lateral conv, nearest 2x upsampling, fusion block) and a bottom-up
     PAN (downsampling conv, fusion block). Subclasses set `input_proj`, `aifi`, `lateral`, `fpn`,
-    `down` and `pan` (one entry per level, per level pair for the last four)."""
+    `down` and `pan` (one entry per level, per level pair for the last four). The two maps a
+    fusion block takes are concatenated, or added where `fuse_sum` is set (DEIM's `fuse_op: sum`,
+    which DEIMv2 uses: the fusion blocks then take `hidden` channels, not 2 x `hidden`)."""
 
     input_proj: nn.ModuleList
     aifi: nn.Module
@@ -81,6 +84,10 @@ class HybridEncoder(nn.Module):
     fpn: nn.ModuleList
     down: nn.ModuleList
     pan: nn.ModuleList
+    fuse_sum = False
+
+    def fuse(self, a: Tensor, b: Tensor) -> Tensor:
+        return a + b if self.fuse_sum else torch.cat((a, b), 1)
 
     def forward(self, feats: Sequence[Tensor]) -> tuple[Tensor, ...]:
         x = [proj(f) for proj, f in zip(self.input_proj, feats)]
@@ -94,10 +101,10 @@ class HybridEncoder(nn.Module):
             high = self.lateral[j](inner[0])
             inner[0] = high
             up = F.interpolate(high, scale_factor=2.0, mode="nearest")
-            inner.insert(0, self.fpn[j](torch.cat((up, x[i - 1]), 1)))
+            inner.insert(0, self.fpn[j](self.fuse(up, x[i - 1])))
         outs = [inner[0]]
         for j in range(len(x) - 1):
-            outs.append(self.pan[j](torch.cat((self.down[j](outs[-1]), inner[j + 1]), 1)))
+            outs.append(self.pan[j](self.fuse(self.down[j](outs[-1]), inner[j + 1])))
         return tuple(outs)
 
 

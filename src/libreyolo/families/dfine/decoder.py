@@ -27,6 +27,7 @@ Refinement", ICLR 2025):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -76,14 +77,15 @@ def prior_logit(p: float) -> float:
 
 
 class Gate(nn.Module):
-    """norm(g1 * x + g2 * y), (g1, g2) = sigmoid(linear([x, y])); starts at g1 = g2 = 0.5."""
+    """norm(g1 * x + g2 * y), (g1, g2) = sigmoid(linear([x, y])); starts at g1 = g2 = 0.5.
+    `norm`: LayerNorm (D-FINE) or DEIMv2's RMSNorm."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, norm: type[nn.Module] = nn.LayerNorm):
         super().__init__()
         self.gate = nn.Linear(2 * dim, 2 * dim)
         nn.init.zeros_(self.gate.weight)
         nn.init.zeros_(self.gate.bias)  # logit(0.5)
-        self.norm = nn.LayerNorm(dim)
+        self.norm = norm(dim)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         g1, g2 = self.gate(torch.cat((x, y), -1)).sigmoid().chunk(2, -1)
@@ -110,10 +112,12 @@ class LQE(nn.Module):
 class DecoderLayer(layers.DecoderLayer):
     """The core's decoder layer in D-FINE's form: cross-attention without value/output
     projections (D-FINE samples the encoder memory directly), a `Gate` in place of the
-    cross-attention residual + norm2, the FFN activation of the recipe, the float16 clamp."""
+    cross-attention residual + norm2, the FFN activation of the recipe, the float16 clamp.
+    EdgeCrafter's ECDet keeps torch's default FFN init (`xavier_ffn=False`)."""
 
-    def __init__(self, dim: int, heads: int, ffn: int, points: tuple[int, ...], act: type[nn.Module]):
-        super().__init__(dim, heads, ffn, 0.0, len(points), points, clamp_fp16=True)
+    def __init__(self, dim: int, heads: int, ffn: int, points: tuple[int, ...], act: type[nn.Module],
+                 xavier_ffn: bool = True):
+        super().__init__(dim, heads, ffn, 0.0, len(points), points, xavier_ffn=xavier_ffn, clamp_fp16=True)
         self.cross_attn.value_proj = self.cross_attn.output_proj = nn.Identity()
         self.norm2 = Gate(dim)
         self.act = act()
@@ -129,22 +133,35 @@ class DecoderLayer(layers.DecoderLayer):
 
 
 class FDRDecoder(nn.Module):
-    """Queries + references -> per-layer logits, boxes, corner logits and the references used."""
+    """Queries + references -> per-layer logits, boxes, corner logits and the references used.
+
+    D-FINE's by default. DEIMv2 and EdgeCrafter's ECDet change four parts, passed in: `layer`
+    builds one decoder layer (DEIMv2's RMSNorm/SwiGLU form), `query_pos` is the query position
+    MLP (theirs: MLP(4, C, C, 3), every layer xavier-initialised as upstream's `_reset_parameters`
+    does) and `static_query_pos` embeds only the first references (their TransformerDecoder
+    computes `query_pos_embed` once, before the layers; D-FINE's again in every layer, from the
+    refined boxes), and `share_corners` gives every layer one corner head (`share_bbox_head`)."""
 
     def __init__(self, dim: int, heads: int, ffn: int, layers: int, points: tuple[int, ...],
                  num_classes: int, act: type[nn.Module], reg_max: int = 32, reg_scale: float = 4.0,
-                 up: float = 0.5):
+                 up: float = 0.5, *, layer: Callable[[], nn.Module] | None = None,
+                 query_pos: MLP | None = None, static_query_pos: bool = False, share_corners: bool = False):
         super().__init__()
         self.reg_max, self.reg_scale = reg_max, reg_scale
+        self.static_query_pos = static_query_pos
         self.register_buffer("project", weighting_function(reg_max, up, reg_scale), persistent=False)
-        self.layers = nn.ModuleList(DecoderLayer(dim, heads, ffn, points, act) for _ in range(layers))
+        if layer is None:
+            def layer() -> nn.Module:
+                return DecoderLayer(dim, heads, ffn, points, act)
+        self.layers = nn.ModuleList(layer() for _ in range(layers))
         self.lqe = nn.ModuleList(LQE(reg_max, act) for _ in range(layers))
-        self.query_pos = MLP(4, 2 * dim, dim, 2, act=act)
-        nn.init.xavier_uniform_(self.query_pos.layers[0].weight)
-        nn.init.xavier_uniform_(self.query_pos.layers[1].weight)
+        self.query_pos = MLP(4, 2 * dim, dim, 2, act=act) if query_pos is None else query_pos
+        for linear in self.query_pos.layers:
+            nn.init.xavier_uniform_(linear.weight)
         self.pre_bbox = MLP(dim, dim, 4, 3, act=act)
         self.score = nn.ModuleList(nn.Linear(dim, num_classes) for _ in range(layers))
-        self.corners = nn.ModuleList(MLP(dim, dim, 4 * (reg_max + 1), 3, act=act) for _ in range(layers))
+        self.corners = nn.ModuleList(MLP(dim, dim, 4 * (reg_max + 1), 3, act=act)
+                                     for _ in range(1 if share_corners else layers))
         for head in (self.pre_bbox, *self.corners):
             nn.init.zeros_(head.layers[-1].weight)
             nn.init.zeros_(head.layers[-1].bias)
@@ -161,13 +178,16 @@ class FDRDecoder(nn.Module):
         ref = ref_logit.sigmoid()
         logits, boxes, corners_out, refs = [], [], [], []
         prev_x = prev_corners = 0
+        pos = self.query_pos(ref).clamp(-10, 10)
         for i, layer in enumerate(self.layers):
-            x = layer(x, ref.unsqueeze(2), value, shapes, mask, self.query_pos(ref).clamp(-10, 10))
+            if i > 0 and not self.static_query_pos:
+                pos = self.query_pos(ref).clamp(-10, 10)
+            x = layer(x, ref.unsqueeze(2), value, shapes, mask, pos)
             if i == 0:
                 pre_boxes = (self.pre_bbox(x) + inverse_sigmoid(ref)).sigmoid()
                 pre_logits = self.score[0](x)
                 ref0 = pre_boxes.detach()
-            corners = self.corners[i](x + prev_x) + prev_corners
+            corners = self.corners[min(i, len(self.corners) - 1)](x + prev_x) + prev_corners
             box = distance_to_box(ref0, self.integral(corners), self.reg_scale)
             if not last_only or i == len(self.layers) - 1:
                 logits.append(self.lqe[i](self.score[i](x), corners))

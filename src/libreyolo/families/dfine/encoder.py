@@ -14,6 +14,15 @@ src/zoo/dfine/hybrid_encoder.py builds it.
 Sizes (configs/dfine/dfine_hgnetv2_{n,s}_coco.yml over include/dfine_hgnetv2.yml):
   n: hidden 128, ffn 512, expansion 0.34, depth_mult 0.5 (two levels, strides 16/32);
   s: hidden 256, ffn 1024, expansion 0.5, depth_mult 0.34 (three levels, strides 8/16/32).
+DEIMv2-n builds the same encoder with `fuse_op: sum` (github:Intellindust-AI-Lab/DEIMv2
+configs/base/deimv2.yml, kept by deimv2_hgnetv2_n_coco.yml's `version: dfine`): the maps are
+added instead of concatenated before each fusion block (`fuse_sum`). Its `csp_type: csp2` CSP
+(one 1x1 conv to twice the width, split in two) is this CSPRep's two 1x1 convs in one, the same
+parameters and the same function.
+EdgeCrafter's ECDet (github:Intellindust-AI-Lab/EdgeCrafter ecdetseg/engine/edgecrafter/
+hybrid_encoder.py, configs/ecdet/ecdet.yml) sums too, has no input projections (its ViT adapter
+hands over `hidden`-channel maps: `input_proj=False`), runs AIFI's FFN with SiLU (`aifi_act`) and
+fuses with DEIM's RepNCSPELAN5 (no 3x3 conv after each CSP branch: `branch_conv=False`).
 """
 
 from __future__ import annotations
@@ -44,12 +53,14 @@ class CSPRep(nn.Module):
 
 
 class RepNCSPELAN4(nn.Module):
-    def __init__(self, c_in: int, c_out: int, c3: int, c4: int, n: int):
+    """`branch_conv=False`: DEIM's RepNCSPELAN5, each branch the CSP alone (no 3x3 conv after it)."""
+
+    def __init__(self, c_in: int, c_out: int, c3: int, c4: int, n: int, branch_conv: bool = True):
         super().__init__()
         self.half = c3 // 2
         self.cv1 = silu_conv(c_in, c3)
-        self.cv2 = nn.Sequential(CSPRep(c3 // 2, c4, n), silu_conv(c4, c4, 3))
-        self.cv3 = nn.Sequential(CSPRep(c4, c4, n), silu_conv(c4, c4, 3))
+        self.cv2 = nn.Sequential(CSPRep(c3 // 2, c4, n), *([silu_conv(c4, c4, 3)] if branch_conv else []))
+        self.cv3 = nn.Sequential(CSPRep(c4, c4, n), *([silu_conv(c4, c4, 3)] if branch_conv else []))
         self.cv4 = silu_conv(c3 + 2 * c4, c_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,14 +74,19 @@ class HybridEncoder(layers.HybridEncoder):
     """Backbone maps (coarsest last) -> `len(channels)` maps of `hidden` channels, same strides."""
 
     def __init__(self, channels: tuple[int, ...], hidden: int, ffn: int, expansion: float,
-                 depth_mult: float, heads: int = 8):
+                 depth_mult: float, heads: int = 8, fuse_sum: bool = False, input_proj: bool = True,
+                 aifi_act: type[nn.Module] = nn.GELU, branch_conv: bool = True):
         super().__init__()
         levels = len(channels)
         c4, n = round(expansion * hidden // 2), round(3 * depth_mult)
-        self.input_proj = nn.ModuleList(ConvNorm(c, hidden) for c in channels)
-        self.aifi = EncoderLayer(hidden, heads, ffn)  # AIFI: one layer (num_encoder_layers 1)
+        self.fuse_sum = fuse_sum
+        c_in = hidden if fuse_sum else 2 * hidden
+        if not input_proj and any(c != hidden for c in channels):
+            raise ValueError("without input projections every level must have `hidden` channels")
+        self.input_proj = nn.ModuleList(ConvNorm(c, hidden) if input_proj else nn.Identity() for c in channels)
+        self.aifi = EncoderLayer(hidden, heads, ffn, act=aifi_act)  # AIFI: one layer (num_encoder_layers 1)
         self.lateral = nn.ModuleList(ConvNorm(hidden, hidden) for _ in range(levels - 1))
-        self.fpn = nn.ModuleList(RepNCSPELAN4(2 * hidden, hidden, 2 * hidden, c4, n) for _ in range(levels - 1))
+        self.fpn = nn.ModuleList(RepNCSPELAN4(c_in, hidden, 2 * hidden, c4, n, branch_conv) for _ in range(levels - 1))
         self.down = nn.ModuleList(nn.Sequential(ConvNorm(hidden, hidden), ConvNorm(hidden, hidden, 3, 2, g=hidden))
                                   for _ in range(levels - 1))
-        self.pan = nn.ModuleList(RepNCSPELAN4(2 * hidden, hidden, 2 * hidden, c4, n) for _ in range(levels - 1))
+        self.pan = nn.ModuleList(RepNCSPELAN4(c_in, hidden, 2 * hidden, c4, n, branch_conv) for _ in range(levels - 1))

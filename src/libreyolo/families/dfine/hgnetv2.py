@@ -13,6 +13,10 @@ Facts from github:Peterande/D-FINE src/nn/backbone/hgnetv2.py and configs/dfine/
   out/2, excite to out: upstream's HG_Stage passes its default `agg="se"`, so the ESE
   attention branch of HG_Block is not used), with a residual on every block but the first.
 - Returned stages: n [2, 3] (strides 16, 32: 512, 1024 channels), s [1, 2, 3] (256, 512, 1024).
+- DEIMv2's ultra-light sizes (github:Intellindust-AI-Lab/DEIMv2 engine/backbone/hgnetv2.py,
+  configs/deimv2/deimv2_hgnetv2_{atto,femto,pico}_coco.yml) cut B0 to its first three stages and
+  return the third (stride 16): Atto with a 3x3 light stage of 256 channels, Femto with B0's 5x5
+  stage of 512 channels and one block, Pico with B0's third stage unchanged (two blocks).
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ ARCHS = {
                       (64, 32, 256, 1, True, False, 3, 3),
                       (256, 64, 512, 2, True, True, 5, 3),
                       (512, 128, 1024, 1, True, True, 5, 3))),
+    "Atto": ((16, 16), ((16, 16, 64, 1, False, False, 3, 3),
+                        (64, 32, 256, 1, True, False, 3, 3),
+                        (256, 64, 256, 1, True, True, 3, 3))),
+    "Femto": ((16, 16), ((16, 16, 64, 1, False, False, 3, 3),
+                         (64, 32, 256, 1, True, False, 3, 3),
+                         (256, 64, 512, 1, True, True, 5, 3))),
+    "Pico": ((16, 16), ((16, 16, 64, 1, False, False, 3, 3),
+                        (64, 32, 256, 1, True, False, 3, 3),
+                        (256, 64, 512, 2, True, True, 5, 3))),
 }
 
 

@@ -60,6 +60,7 @@ class Arch:
     depth_mult: float
     layers: int
     points: tuple[int, ...]
+    queries: int = NUM_QUERIES
 
 
 ARCHS: dict[str, Arch] = {
@@ -76,24 +77,32 @@ class Encoder(nn.Module):
         self.backbone = HGNetv2(arch.backbone, arch.return_idx)
         self.encoder = HybridEncoder(self.backbone.channels, arch.hidden, arch.ffn, arch.expansion, arch.depth_mult)
 
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self.backbone.strides
+
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.encoder(self.backbone(images))
 
 
 class DFINEModel(DETRModel):
     """Training model (families/base.py; docs/architecture.md, "DETR families"): `capturable` is backbone
-    + hybrid encoder; `forward_train` is query selection, denoising and the decoder (eager)."""
+    + hybrid encoder; `forward_train` is query selection, denoising and the decoder (eager).
 
+    A family on this model (DEIMv2) sets its own `archs` and builds its own parts through
+    `build_net`, `build_enc_output` and `build_decoder`; the query selection, denoising and
+    decoding around them are this class's."""
+
+    archs: dict = ARCHS
 
     def __init__(self, size: str, num_classes: int, act: type[nn.Module] = nn.ReLU):
         super().__init__()
-        arch = ARCHS[size]
-        self.size, self.num_classes = size, num_classes
-        self.net = Encoder(arch)
-        self.strides = self.net.backbone.strides
+        arch = self.archs[size]
+        self.size, self.num_classes, self.num_queries = size, num_classes, arch.queries
+        self.net = self.build_net(arch)
+        self.strides = self.net.strides
         dim = arch.hidden
-        self.enc_output = nn.Sequential(nn.Linear(dim, dim), nn.LayerNorm(dim))
-        nn.init.xavier_uniform_(self.enc_output[0].weight)
+        self.enc_output = self.build_enc_output(dim)
         self.enc_score = nn.Linear(dim, num_classes)
         nn.init.constant_(self.enc_score.bias, prior_logit(0.01))
         self.enc_bbox = MLP(dim, dim, 4, 3, act=act)
@@ -102,9 +111,22 @@ class DFINEModel(DETRModel):
         # class num_classes is the padding row: the label of padded dn slots
         self.dn_embed = nn.Embedding(num_classes + 1, dim, padding_idx=num_classes)
         nn.init.normal_(self.dn_embed.weight[:-1])
-        self.decoder = FDRDecoder(dim, 8, arch.ffn, arch.layers, arch.points, num_classes, act, REG_MAX, REG_SCALE)
+        self.decoder = self.build_decoder(arch, num_classes, act)
         self.anchors = QueryAnchors()  # eps 0.01, size 0.05 * 2^level (DFINETransformer)
         self.num_denoising = NUM_DENOISING
+
+    def build_net(self, arch: Arch) -> nn.Module:
+        """The captured region: images -> encoder maps; it has `backbone` and `strides`."""
+        return Encoder(arch)
+
+    def build_enc_output(self, dim: int) -> nn.Module:
+        """The memory's projection before the query-selection heads (Linear + LayerNorm)."""
+        enc_output = nn.Sequential(nn.Linear(dim, dim), nn.LayerNorm(dim))
+        nn.init.xavier_uniform_(enc_output[0].weight)
+        return enc_output
+
+    def build_decoder(self, arch: Arch, num_classes: int, act: type[nn.Module]) -> FDRDecoder:
+        return FDRDecoder(arch.hidden, 8, arch.ffn, arch.layers, arch.points, num_classes, act, REG_MAX, REG_SCALE)
 
     def _select(self, feats: tuple[torch.Tensor, ...]):
         """Flattened memory, level shapes, and the top-k encoder proposals (query selection)."""
@@ -113,7 +135,7 @@ class DFINEModel(DETRModel):
         anchors, valid = self.anchors(shapes, memory)
         out_memory = self.enc_output(valid.to(memory.dtype) * memory)
         enc_logits = self.enc_score(out_memory)
-        idx = topk_cells(enc_logits, NUM_QUERIES)
+        idx = topk_cells(enc_logits, self.num_queries)
         top_memory = take(out_memory, idx)
         ref_logit = self.enc_bbox(top_memory) + take(anchors.expand(memory.shape[0], -1, -1), idx)
         return memory, shapes, top_memory, take(enc_logits, idx), ref_logit
