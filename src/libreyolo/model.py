@@ -25,7 +25,7 @@ from .errors import CheckpointError, ConfigError, DataError
 from .families import arch_name, get_family
 from .families.base import FamilySpec
 from .logs import checking_inputs, ensure_logging
-from .resolve import INFERENCE_KEYS, ORIGIN, ModelSource, arch_of, inference_args, resolve_model
+from .resolve import INFERENCE_KEYS, ORIGIN, ModelSource, arch_of, fetch_weights, inference_args, resolve_model
 from .tasks import task_for
 
 log = logging.getLogger("libreyolo")
@@ -81,7 +81,7 @@ class LibreYOLO:
             return self._resume({**kept, "resume": str(previous.checkpoint)}, hooks)
         data_cfg = task.load_data(cfg.data)
         seed_everything(cfg.seed, cfg.deterministic)  # before building: the initial weights are seeded too
-        model = build_model(self.source, len(data_cfg.names), pretrained=True)
+        model = build_model(self.source, len(data_cfg.names), pretrained=fetch_weights)
         with checking_inputs():
             # The trainer scans the labels and images and builds the loaders: every check of the
             # inputs runs before the run directory exists, so a command that fails on them writes

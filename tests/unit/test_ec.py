@@ -19,7 +19,7 @@ from libreyolo.errors import CheckpointError
 from libreyolo.families import REGISTRY, parse_arch, parse_official
 from libreyolo.families.ec.net import build
 from libreyolo.families.ec.weights import BACKBONE_WEIGHTS, load_backbone
-from libreyolo.resolve import ModelSource
+from libreyolo.resolve import ModelSource, fetch_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -66,7 +66,7 @@ def test_published_vit_weights_load_through_the_cache(monkeypatch, tmp_path, cap
     torch.save(_upstream_layout(trained.net.backbone.vit), tmp_path / "weights" / BACKBONE_WEIGHTS["s"])
     torch.manual_seed(2)
     with caplog.at_level(logging.INFO, logger="libreyolo"):
-        model = build_model(ModelSource(REGISTRY["ec"], "s", None, None), 3, pretrained=True)
+        model = build_model(ModelSource(REGISTRY["ec"], "s", None, None), 3, pretrained=fetch_weights)
     assert "distilled ECViT weights" in caplog.text
     got, want = model.net.backbone.vit.state_dict(), trained.net.backbone.vit.state_dict()
     assert all(torch.equal(got[k], want[k]) for k in want)
@@ -81,7 +81,7 @@ def test_without_the_weights_the_vit_trains_from_scratch_in_one_line(monkeypatch
     torch.manual_seed(0)
     model = build("m", 3)
     before = model.net.backbone.vit.register_token.clone()
-    line = load_backbone(model)
+    line = load_backbone(model, fetch_weights)
     assert "\n" not in line and "ecvittplus.pth are not available" in line and line.endswith("random init")
     assert torch.equal(model.net.backbone.vit.register_token, before)
     assert not (tmp_path / "weights" / "ecvittplus.pth").exists()  # nothing half-written left
@@ -97,10 +97,10 @@ def test_weights_that_do_not_fit_are_one_line(monkeypatch, tmp_path):
                         "rope_embed.periods": torch.ones(16)}, "RoPE periods"), ({"a": 1}, "state dict of tensors")):
         torch.save(state, path)
         with pytest.raises(CheckpointError, match=said):
-            load_backbone(model)
+            load_backbone(model, fetch_weights)
     path.write_text("<html>not found</html>")
     with pytest.raises(CheckpointError, match="not a readable state dict"):
-        load_backbone(model)
+        load_backbone(model, fetch_weights)
 
 
 def test_names_and_recipe():

@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from libreyolo.engine.optim import (
-    VIEW_ALIGN_BYTES,
     AUTO_MAX_ADAMW_STEPS,
+    VIEW_ALIGN_BYTES,
     accumulate_steps,
     build_optimizer,
     implementation_kwargs,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -25,18 +26,20 @@ from .step import StepContext
 log = logging.getLogger("libreyolo")
 
 
-def build_model(source, num_classes: int, *, exact: bool = False, pretrained: bool = False) -> nn.Module:
+def build_model(source, num_classes: int, *, exact: bool = False, pretrained: Callable | None = None) -> nn.Module:
     """The training model of a resolved model name (`resolve.ModelSource`) with `num_classes`
     classes: built from its family, then every checkpoint tensor whose name and shape match
     loaded into it (the EMA weights when the checkpoint has them). A class head of another size
     starts fresh, said in one line. `exact` (validation: same classes) refuses a checkpoint that
     does not fill the model, in one line, instead of measuring a partly random model.
-    `pretrained` (training): without a checkpoint, the family's published part weights
-    (`FamilySpec.pretrained`), with the one line that says what happened."""
+    `pretrained` (training): the fetcher of published weights by name (`resolve.fetch_weights`,
+    handed down by the facade, above this layer); without a checkpoint, the family's published
+    part weights come through it (`FamilySpec.pretrained`), with the one line that says what
+    happened."""
     model = source.spec.build(source.size, num_classes)
     ckpt = source.checkpoint
     if ckpt is None and pretrained and source.spec.pretrained is not None:
-        log.info(source.spec.pretrained(model))
+        log.info(source.spec.pretrained(model, pretrained))
     if ckpt is not None:
         state = ckpt.get("ema") or ckpt["model"]
         own = model.state_dict()

@@ -106,10 +106,11 @@ class FamilySpec:
     # learning rate); None: one learning rate for the whole model.
     backbone: Callable[[nn.Module], nn.Module] | None = None
     # Published weights for part of the network (EdgeCrafter's distilled ViT) that training from an
-    # architecture name starts from: (model) -> the one line that says what was loaded, or why that
-    # part starts from random init (offline, say). The weights come by name through the official
-    # weights' path (resolve.fetch_weights). None: a new model is random init throughout.
-    pretrained: Callable[[nn.Module], str] | None = None
+    # architecture name starts from: (model, fetch) -> the one line that says what was loaded, or
+    # why that part starts from random init (offline, say). `fetch(name, check)` is the official
+    # weights' path (resolve.fetch_weights), handed down by the facade: a part may not import the
+    # layers above it. None: a new model is random init throughout.
+    pretrained: Callable[[nn.Module, Callable], str] | None = None
 
     def defaults_for(self, size: str) -> dict[str, Any]:
         """The config overrides a model of this size trains with: family defaults < size defaults."""

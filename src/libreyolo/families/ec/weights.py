@@ -4,7 +4,7 @@ EdgeCrafter trains ECDet from an ECViT distilled for detection (`weights_path: e
 in configs/ecdet/ecdet_s.yml; ViTAdapter's `ecvit_url`, released with
 github:Intellindust-AI-Lab/EdgeCrafter, Apache-2.0, at capsule2077/edgecrafter releases
 `edgecrafterv1`). The files hold upstream's VisionTransformer state dict as released; they are
-fetched by that name through the path official weights take (resolve.fetch_weights: the cache,
+fetched by that name through the path official weights take (resolve.fetch_weights, which the facade hands down: the cache,
 then `$LIBREYOLO_WEIGHTS_URL/<name>`), so a copy of the release under that URL is all it takes.
 Without it (offline, or not published there) the ViT trains from random init, said in one line.
 
@@ -15,6 +15,7 @@ they are checked against ours, then dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -44,10 +45,9 @@ def upstream_to_ours(state: dict[str, torch.Tensor], head_dim: int) -> dict[str,
     return out
 
 
-def load_backbone(model: nn.Module) -> str:
-    """`FamilySpec.pretrained` of ECDet: the size's ECViT weights into `model`'s ViT, or why not."""
-    from ...resolve import fetch_weights
-
+def load_backbone(model: nn.Module, fetch_weights: Callable) -> str:
+    """`FamilySpec.pretrained` of ECDet: the size's ECViT weights into `model`'s ViT, or why not
+    (`fetch_weights`: resolve.fetch_weights, (name, check) -> (path or None, why not))."""
     name = BACKBONE_WEIGHTS[model.size]
     vit = model.net.backbone.vit
 
