@@ -8,10 +8,11 @@ rfdetr/config.py (encoder `dinov2_windowed_small`: no register tokens):
   positions for a `pos_grid` x `pos_grid` patch grid (+1 for the class token), resized bicubically
   (antialiased, in float32) when the input's grid differs; patch embedding a stride-`patch` conv.
 - Windows: the patch grid is cut into `windows` x `windows` windows, each with its own copy of the
-  class token; the blocks attend inside their window, except those whose index is in
-  `out_blocks` minus the last (3, 6, 9 for out_feature_indexes [3, 6, 9, 12]: upstream's stage i is
-  the output of block i - 1, and block i runs full attention when i is not a window block), which
-  attend over every window of the image at once (the class token copies included).
+  class token; the blocks attend inside their window, except blocks 3, 6 and 9 (0-based), which
+  attend over every window of the image at once (the class token copies included): upstream's
+  window blocks are range(13) minus out_feature_indexes [3, 6, 9, 12], and block i runs full
+  attention when i is not one of them; stage i is the output of block i - 1, so each full block
+  follows an output.
 - The outputs of blocks 2, 5, 8, 11 (stages 3, 6, 9, 12) go through the final LayerNorm, lose
   their class tokens and are laid back out as maps of stride `patch`.
 - Init (the HF DINOv2 `_init_weights`): linear and conv weights, the positions and the class token
@@ -34,6 +35,7 @@ from torch import Tensor, nn
 WIDTH, HEADS, DEPTH, MLP_RATIO = 384, 6, 12, 4
 NORM_EPS, INIT_STD = 1e-6, 0.02
 OUT_BLOCKS = (2, 5, 8, 11)  # out_feature_indexes [3, 6, 9, 12] (stage i = after block i - 1)
+FULL_BLOCKS = (3, 6, 9)     # out_feature_indexes below the depth: not window blocks
 
 
 class Attention(nn.Module):
@@ -85,7 +87,7 @@ class WindowedDINOv2(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, pos_grid * pos_grid + 1, WIDTH))
         self.blocks = nn.ModuleList(Block(WIDTH, HEADS) for _ in range(DEPTH))
         self.norm = nn.LayerNorm(WIDTH, eps=NORM_EPS)
-        self.full = frozenset(OUT_BLOCKS[:-1]) if windows > 1 else frozenset()
+        self.full = frozenset(FULL_BLOCKS) if windows > 1 else frozenset()
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Conv2d)):
                 nn.init.trunc_normal_(m.weight, std=INIT_STD)
