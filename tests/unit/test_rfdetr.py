@@ -6,8 +6,11 @@ Parameters against the RF-DETR README's model table (github:roboflow/rf-detr REA
 checkpoints: N 30.5M, S 32.1M, M 33.7M, one decimal), counted as upstream's module holds them:
 its 91-way class heads (num_classes 90 + 1) and DINOv2's 384-wide `mask_token`, which ours leaves
 out (vit.py). The README and the benchmarks page publish params, latency and resolution but no
-GFLOPs; the GFLOPs pinned below are ours (FlopCounterMode: 2 FLOPs per multiply-add at the size's
-resolution, grid_sample not counted), a regression check and the figures docs/families.md quotes.
+GFLOPs, and the paper's table could not be read from here; the GFLOPs pinned below are ours at the
+size's resolution, 80 classes: FlopCounterMode (2 FLOPs per multiply-add; grid_sample not counted)
+plus the ViT's attention matmuls, which it does not count on CPU (torch's fused CPU attention
+kernel has no FLOP formula): 4 x tokens^2 x 384 per attended sequence, 9 windowed blocks of four
+145-token sequences (nano) and 3 full blocks of one 580-token sequence.
 """
 
 import argparse
@@ -30,7 +33,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 PUBLISHED_M = {"n": 30.5, "s": 32.1, "m": 33.7}
 MASK_TOKEN = 384
-GFLOPS = {"n": 29.02, "s": 50.98, "m": 64.80}  # ours at 384 / 512 / 576 px, 80 classes
+GFLOPS = {"n": 31.73, "s": 59.50, "m": 78.43}  # ours at 384 / 512 / 576 px, 80 classes
+
+
+def _attention_flops(px: int) -> int:
+    """QK^T and AV of the ViT's 12 blocks at a square input of `px`: 2 x 2 windows, a class token each."""
+    t = (px // 16) ** 2 // 4 + 1
+    return 9 * 4 * (4 * t * t * 384) + 3 * 4 * (4 * t) ** 2 * 384
 
 
 @pytest.mark.parametrize("size", ["n", "s", "m"])
@@ -42,7 +51,7 @@ def test_size_matches_the_published_parameters(size):
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         pred = model.predict(torch.rand(1, 3, px, px))
     assert pred.shape == (1, 300, 84)
-    assert counter.get_total_flops() / 1e9 == pytest.approx(GFLOPS[size], rel=0.01)
+    assert (counter.get_total_flops() + _attention_flops(px)) / 1e9 == pytest.approx(GFLOPS[size], rel=0.005)
 
 
 def test_windowed_vit_attends_in_windows_and_globally_in_its_out_blocks():
