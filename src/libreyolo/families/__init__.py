@@ -56,6 +56,7 @@ from .fomo.spec import SPEC as _FOMO  # noqa: E402
 from .lingbot.spec import SPEC as _LINGBOT  # noqa: E402
 from .mobilenetv4.spec import SPEC as _MOBILENETV4  # noqa: E402
 from .resnet.spec import SPEC as _RESNET  # noqa: E402
+from .rfdetr.spec import SPEC as _RFDETR  # noqa: E402
 from .rtdetr.spec import SPEC as _RTDETR  # noqa: E402
 from .rtdetr.spec import SPEC_V2 as _RTDETRV2  # noqa: E402
 from .rtdetrv4.spec import SPEC as _RTDETRV4  # noqa: E402
@@ -83,3 +84,4 @@ register(_SEGFORMER)
 register(_LINGBOT)
 register(_YOLO7)
 register(_YOLONAS)
+register(_RFDETR)

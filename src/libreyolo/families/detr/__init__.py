@@ -1,6 +1,6 @@
 """The shared DETR core: output type, box helpers, Hungarian matching, contrastive denoising,
 query selection, deformable-attention layers and the set-prediction criterion that RT-DETR v1/v2,
-D-FINE, DEIM, RT-DETRv4, DEIMv2 and ECDet build on (docs/architecture.md, "DETR families"; the family contract
+D-FINE, DEIM, RT-DETRv4, DEIMv2, ECDet and RF-DETR build on (docs/architecture.md, "DETR families"; the family contract
 in families/base.py)."""
 
 # Host synchronisations of one DETR training step on CUDA, the only ones it makes (the GPU test
