@@ -117,7 +117,9 @@ def test_encoder_graphed_training_matches_eager_step_by_step(family):
         if finite:
             noise, diff = _rel(ge, first), _rel(gg, ge)
             noise_worst, grad_worst = max(noise_worst, noise), max(grad_worst, diff)
-            assert diff <= max(GRAD_RTOL, 10 * noise), (i, diff, noise)
+    # The eager spread is the run's: the decoder's atomics may happen to add in the same order in
+    # both eager backwards of one step (DEIMv2, H200: 0 at one step, 2.0e-3 at others).
+    assert grad_worst <= max(GRAD_RTOL, 10 * noise_worst), (grad_worst, noise_worst)
     stats = manager.stats()
     print(f"\n[{family}-{spec.sizes[0]} {graphed.precision.describe()}] worst loss-item rel diff {loss_worst:.2e}; "
           f"gradients rel L2, graphed vs eager {grad_worst:.2e}, eager vs eager {noise_worst:.2e}; stats {stats}")
