@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 
 # The YOLO recipes (YOLOv5 onwards, YOLOv9 included) run BatchNorm with eps 1e-3 and momentum 0.03:
 # the running stats then average over ~33 steps, which keeps them stable under the small
@@ -264,3 +264,23 @@ class PerImageLoss:
         # decode would otherwise drop to half precision).
         with torch.autocast(preds[0].device.type, enabled=False):
             return self._per_image(preds, targets)
+
+
+def load_published_part(part: nn.Module, what: str, name: str, fetch_weights, convert, source: str) -> str:
+    """A family's published part weights (`FamilySpec.pretrained`): `name` fetched through
+    `fetch_weights` (resolve.fetch_weights, (name, check) -> (path or None, why not)), `convert(path)`
+    our state dict for `part`, which must fill it exactly (CheckpointError in one line otherwise).
+    Returns the one line that says what happened; offline, `part` keeps its random init."""
+    def load(path) -> None:
+        ours = convert(path)
+        own = part.state_dict()
+        if ours.keys() != own.keys() or any(ours[k].shape != own[k].shape for k in own):
+            raise CheckpointError(f"'{path}' does not fit {what} "
+                                  f"({len(ours)} tensors for its {len(own)}, or other shapes)")
+        part.load_state_dict(ours)
+
+    path, problem = fetch_weights(name, load)
+    if path is None:
+        return f"{problem}; {what} starts from random init"
+    load(path)
+    return f"{what} starts from the {source} weights {path}"

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
+from ..common import load_published_part
 from ..lingbot.rope import BASE
 
 BACKBONE_WEIGHTS = {"s": "ecvitt.pth", "m": "ecvittplus.pth"}
@@ -45,28 +46,19 @@ def upstream_to_ours(state: dict[str, torch.Tensor], head_dim: int) -> dict[str,
     return out
 
 
+def read_state(path: Path) -> dict[str, torch.Tensor]:
+    """A released ECViT file's state dict; CheckpointError in one line on anything else."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated file, an HTML page, a pickle weights_only refuses
+        raise CheckpointError(f"'{path}' is not a readable state dict ({type(exc).__name__})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"'{path}' is not a state dict of tensors")
+    return state
+
+
 def load_backbone(model: nn.Module, fetch_weights: Callable) -> str:
-    """`FamilySpec.pretrained` of ECDet: the size's ECViT weights into `model`'s ViT, or why not
-    (`fetch_weights`: resolve.fetch_weights, (name, check) -> (path or None, why not))."""
-    name = BACKBONE_WEIGHTS[model.size]
+    """`FamilySpec.pretrained` of ECDet: the size's ECViT weights into `model`'s ViT, or why not."""
     vit = model.net.backbone.vit
-
-    def load(path: Path) -> None:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # a truncated file, an HTML page, a pickle weights_only refuses
-            raise CheckpointError(f"'{path}' is not a readable state dict ({type(exc).__name__})") from None
-        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-            raise CheckpointError(f"'{path}' is not a state dict of tensors")
-        ours = upstream_to_ours(state, vit.head_dim)
-        own = vit.state_dict()
-        if ours.keys() != own.keys() or any(ours[k].shape != own[k].shape for k in own):
-            raise CheckpointError(f"'{path}' does not fit ECDet-{model.size}'s ViT "
-                                  f"({len(ours)} tensors for its {len(own)}, or other shapes)")
-        vit.load_state_dict(ours)
-
-    path, problem = fetch_weights(name, load)
-    if path is None:
-        return f"{problem}; ECDet-{model.size}'s ViT starts from random init"
-    load(path)
-    return f"ECDet-{model.size}'s ViT starts from the distilled ECViT weights {path}"
+    return load_published_part(vit, f"ECDet-{model.size}'s ViT", BACKBONE_WEIGHTS[model.size], fetch_weights,
+                               lambda path: upstream_to_ours(read_state(path), vit.head_dim), "distilled ECViT")

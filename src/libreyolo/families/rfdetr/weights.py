@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ...errors import CheckpointError
+from ..common import load_published_part
 
 BACKBONE_WEIGHTS = {"n": "rf-detr-nano.pth", "s": "rf-detr-small.pth", "m": "rf-detr-medium.pth"}
 PREFIX = "backbone.0.encoder.encoder."
@@ -76,20 +77,6 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
 
 def load_backbone(model: nn.Module, fetch_weights: Callable) -> str:
     """`FamilySpec.pretrained` of RF-DETR: the size's released ViT weights into `model`'s ViT, or
-    why not (`fetch_weights`: resolve.fetch_weights, (name, check) -> (path or None, why not))."""
-    name = BACKBONE_WEIGHTS[model.size]
-    vit = model.net.backbone
-
-    def load(path: Path) -> None:
-        ours = upstream_to_ours(read_state(path))
-        own = vit.state_dict()
-        if ours.keys() != own.keys() or any(ours[k].shape != own[k].shape for k in own):
-            raise CheckpointError(f"'{path}' does not fit RF-DETR-{model.size}'s ViT "
-                                  f"({len(ours)} tensors for its {len(own)}, or other shapes)")
-        vit.load_state_dict(ours)
-
-    path, problem = fetch_weights(name, load)
-    if path is None:
-        return f"{problem}; RF-DETR-{model.size}'s ViT starts from random init"
-    load(path)
-    return f"RF-DETR-{model.size}'s ViT starts from the released weights {path}"
+    why not."""
+    return load_published_part(model.net.backbone, f"RF-DETR-{model.size}'s ViT", BACKBONE_WEIGHTS[model.size],
+                               fetch_weights, lambda path: upstream_to_ours(read_state(path)), "released")
