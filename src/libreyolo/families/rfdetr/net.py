@@ -97,7 +97,10 @@ def sine_embed(box: Tensor, dim: int = HIDDEN // 2, temperature: float = 10000.0
     even and cos on the odd ones of 2 pi v / T^(2 floor(i / 2) / dim) (gen_sineembed_for_position)."""
     i = torch.arange(dim, device=box.device, dtype=torch.float32)
     freq = temperature ** (2 * torch.div(i, 2, rounding_mode="floor") / dim)
-    v = box[..., [1, 0, 2, 3]].float().unsqueeze(-1) * (2 * math.pi) / freq  # [..., 4, dim]
+    # (y, x, w, h): slices, not a list index (a CPU index tensor, copied to the device every step:
+    # a host sync, and a copy CUDA graph capture refuses)
+    yxwh = torch.cat((box[..., 1:2], box[..., 0:1], box[..., 2:4]), -1)
+    v = yxwh.float().unsqueeze(-1) * (2 * math.pi) / freq  # [..., 4, dim]
     out = torch.stack((v[..., 0::2].sin(), v[..., 1::2].cos()), -1).flatten(-2)
     return out.flatten(-2).to(box.dtype)
 
