@@ -294,7 +294,8 @@ def _captured_region_ms(ctx, batch, steps: int, sync) -> float:
         t0 = time.perf_counter()
         with ctx.precision.autocast():
             outs = ctx.model.capturable(images)
-        torch.autograd.backward(list(outs), [torch.ones_like(o) for o in outs])
+        outs = [o for o in outs if o.requires_grad]  # RF-DETR's input size rides along, gradient-free
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
     ctx.optimizer.zero_grad(set_to_none=False)
