@@ -239,7 +239,7 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
       done
       wait ;;
     train800:*:*)
-      IFS=: read -r _ m es <<< "$stage"
+      IFS=: read -r _ m es <<< "$1"  # $1: under DEADLINE the stage runs in a child bash
       data=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; \
 from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 100))")
       for e in ${es//,/ }; do
