@@ -31,37 +31,57 @@ def _frames(n: int, seed: int = 0):
             for i in range(n)]
 
 
-_CALIBRATED: dict[str, dict] = {}
+_WEIGHTS: dict[str, dict] = {}
 
 
-def _calibrated(arch: str):
-    """`arch` with seeded random weights whose BatchNorms hold the statistics of the activations
-    they see (train-mode forwards on random images, cumulative averages), as a trained model's do.
-    A fresh BatchNorm (mean 0, variance 1) in eval mode normalises nothing, and through a deep
-    random network the activations can shrink by orders of magnitude (DEIMv2-atto's encoder
-    output: about 1e-6, where float16 is subnormal and every query score is its bias, a tie)."""
+def _weights(arch: str):
+    """`arch` with seeded random weights, the same for every predictor of a test.
+
+    An end-to-end model's (a DETR's) BatchNorms are calibrated: they hold the statistics of the
+    activations they see (train-mode forwards on random images, cumulative averages), as a trained
+    model's do. A fresh BatchNorm (mean 0, variance 1) in eval mode normalises nothing, and through
+    a deep random network the activations can shrink by orders of magnitude (DEIMv2-atto's encoder
+    output: about 1e-6, where float16 is subnormal and every query score is its bias, a tie). The
+    other families keep fresh BatchNorms: calibrated, a random YOLO head is chaotic (a 1e-3
+    relative change of every weight moved YOLOv9-t's boxes by 250 px and YOLOX-n's by 1950 px,
+    against 0.04 and 0.008 px fresh, on the CPU), so no two roundings of it could be compared."""
     source = resolve_model(arch)
-    if arch not in _CALIBRATED:
+    if arch not in _WEIGHTS:
         names = [f"class{i}" for i in range(task_for(source.spec, None).default_classes)]
         torch.manual_seed(0)
         model = source.spec.build(source.size, len(names))
-        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        gen = torch.Generator().manual_seed(1)
-        model.train()
-        with torch.no_grad():
-            for i in range(4):  # momentum 1/(i+1): the average over the batches so far
-                for m in norms:
-                    m.momentum = 1.0 / (i + 1)
-                model.capturable(torch.rand(2, 3, 256, 256, generator=gen))
-        _CALIBRATED[arch] = {"model": model.state_dict(), "names": names}
-    return dataclasses.replace(source, checkpoint=_CALIBRATED[arch])
+        if getattr(model, "end_to_end", False):
+            _calibrate(model)
+        _WEIGHTS[arch] = {"model": model.state_dict(), "names": names}
+    return dataclasses.replace(source, checkpoint=_WEIGHTS[arch])
+
+
+def _calibrate(model: nn.Module) -> None:
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    gen = torch.Generator().manual_seed(1)
+    model.train()
+    with torch.no_grad():
+        for i in range(4):  # momentum 1/(i+1): the average over the batches so far
+            for m in norms:
+                m.momentum = 1.0 / (i + 1)
+            model.capturable(torch.rand(2, 3, 256, 256, generator=gen))
+
+
+@pytest.fixture
+def no_tf32():
+    """cuDNN convolutions in full float32 (torch's default is TF32, 10 mantissa bits): a graphed
+    batch of 4 and an eager partial batch of 2 run other algorithms, and the CPU has no TF32, so
+    TF32's rounding (1e-3 relative) would be all these tests measured."""
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = before
 
 
 def _predictor(arch: str, device: str, graph: bool, batch: int = 4, amp: bool = False) -> Predictor:
-    """Predict's own deploy model (conv+BN folded; on CUDA channels_last), the same calibrated
-    random weights."""
+    """Predict's own deploy model (conv+BN folded; on CUDA channels_last), the same random weights."""
     torch.manual_seed(0)
-    return Predictor(_calibrated(arch), imgsz=256, batch=batch, device=device, cuda_graph=graph, amp=amp)
+    return Predictor(_weights(arch), imgsz=256, batch=batch, device=device, cuda_graph=graph, amp=amp)
 
 
 def _outputs(predictor, frames):
@@ -69,7 +89,7 @@ def _outputs(predictor, frames):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_graphed_predict_matches_eager_and_replays(arch, caplog):
+def test_graphed_predict_matches_eager_and_replays(arch, caplog, no_tf32):
     frames = _frames(10)  # batches of 4, 4 and a partial 2
     eager = _outputs(_predictor(arch, "cuda", False), frames)
     with caplog.at_level(logging.INFO, logger="libreyolo"):
@@ -142,12 +162,22 @@ def _close(a, b, box_px: float, score: float, end_to_end: bool = False) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_cuda_predict_agrees_with_cpu(arch):
-    """float32 both sides; CUDA convolutions use TF32 (cuDNN's default), about 1e-3 relative."""
+def test_cuda_predict_agrees_with_cpu(arch, no_tf32):
+    """float32 both sides."""
     frames = _frames(4)
     cpu = _predictor(arch, "cpu", False)
     _close(_raw(cpu, frames), _raw(_predictor(arch, "cuda", True), frames), box_px=0.1, score=5e-3,
            end_to_end=cpu.end_to_end)
+
+
+def _before_selection(model, images):
+    """A DETR's network output before its queries are picked: what half rounding can be held to.
+    For most DETRs that is the captured encoder; RF-DETR captures through its top-k query
+    selection and decoder, so there it is the projected backbone features."""
+    net = getattr(model, "net", None)
+    if hasattr(net, "projector"):
+        return (net.projector(net.backbone((images - net.mean) / net.std)),)
+    return model.capturable(images)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -157,7 +187,7 @@ def test_half_weights_predict_what_float32_predicts(arch, dtype):
     reference = _predictor(arch, "cuda", False)
     full = _raw(reference, frames)
     torch.manual_seed(0)
-    p = Predictor(resolve_model(arch), imgsz=256, batch=4, device="cuda", amp=True, amp_dtype=dtype)
+    p = Predictor(_weights(arch), imgsz=256, batch=4, device="cuda", amp=True, amp_dtype=dtype)
     assert next(p.model.parameters()).dtype == getattr(torch, dtype)
     bf16 = dtype == "bfloat16"  # 8 mantissa bits against float16's 11
     half = _raw(p, frames)
@@ -168,12 +198,13 @@ def test_half_weights_predict_what_float32_predicts(arch, dtype):
         assert half.shape == full.shape and torch.isfinite(half).all()
         images = torch.stack([p.prepare(f.image)[0] for f in frames]).cuda()
         with torch.no_grad():
-            want = reference.model.capturable(images.float().div(255).contiguous(memory_format=torch.channels_last))
-            got = p.model.capturable(images.to(p.dtype).div(255).contiguous(memory_format=torch.channels_last))
+            want = _before_selection(reference.model, images.float().div(255).contiguous(memory_format=torch.channels_last))
+            got = _before_selection(p.model, images.to(p.dtype).div(255).contiguous(memory_format=torch.channels_last))
         for w, g in zip(want, got):
             rel = float((g.float() - w).norm() / w.norm())
             print(f"[{arch} {dtype}] encoder output rel L2 {rel:.2e}")
-            assert rel < (5e-2 if bf16 else 1e-2)
+            # bfloat16 keeps 3 mantissa bits fewer than float16: 8x its bound
+            assert rel < (8e-2 if bf16 else 1e-2)
         return
     _close(full, half, box_px=2.0 if bf16 else 0.5, score=1e-1 if bf16 else 1e-2)
 
