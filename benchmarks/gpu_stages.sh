@@ -53,7 +53,7 @@
 #                    DETR_WORKERS loader workers each (default 8)
 #   train800:MODEL:E1,E2  MODEL from scratch on the 800/100 generated set at 640, batch 16, graphed, at
 #                    the family defaults, one run per epoch count (train800:yolonas-s:5,30): results.csv,
-#                    wall time
+#                    wall time; TRAIN_WORKERS loader workers (default 8)
 #   bench-dense      bench step for the segmenters and FOMO: FOMO-0.35 at batch 8 and 32 in float32
 #                    (its recipe's precision), SegFormer-b0 (float16) and LingBot-Vision-s (bfloat16, its
 #                    recipe's) at batch 8, each eager and graphed, at DENSE_IMGSZ (default: each
@@ -243,7 +243,7 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
       data=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; \
 from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 100))")
       for e in ${es//,/ }; do
-        DATA=$data train "${m}_${e}ep" model="$m" imgsz=640 batch=16 epochs=$e workers=8 \
+        DATA=$data train "${m}_${e}ep" model="$m" imgsz=640 batch=16 epochs=$e workers=${TRAIN_WORKERS:-8} \
           eval_interval=$e cuda_graph=true
       done ;;
     bench-dense)
