@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -182,7 +183,7 @@ def _broken(kind: str, good: Path, trained, folder: Path) -> Path:
     if kind == "truncated":
         path.write_bytes(data[: len(data) * 2 // 3])
     elif kind == "random":
-        path.write_bytes(os.urandom(4096))
+        path.write_bytes(random.Random(0).randbytes(4096))  # seeded: noise, never by chance a pickle header
     elif kind == "zip":
         with zipfile.ZipFile(path, "w") as z:
             z.writestr("notes/readme.txt", "not a checkpoint")

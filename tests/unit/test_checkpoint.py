@@ -101,6 +101,18 @@ def test_text_file_is_not_a_checkpoint(tmp_path):
     assert "(not a PyTorch file: " in _one_line_error(path)
 
 
+def test_random_bytes_that_open_with_0x80_are_not_taken_for_a_legacy_pickle(tmp_path):
+    # One random file in 256 starts with pickle's PROTO opcode; only protocols 2-5 follow it in a
+    # file torch.save wrote, so 0x80 0x1b is as foreign as any other noise.
+    path = tmp_path / "noise.pt"
+    path.write_bytes(b"\x80\x1b" + bytes(range(256)) * 4)
+    assert "(not a PyTorch file: " in _one_line_error(path)
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"a": torch.zeros(1)}, legacy, _use_new_zipfile_serialization=False)
+    assert legacy.read_bytes()[:2] == b"\x80\x02"
+    assert _one_line_error(legacy) == f"'{legacy}' is not a LibreYOLO checkpoint (foreign file)"
+
+
 def test_stale_temp_files_of_a_killed_write_are_removed(tmp_path):
     save_checkpoint(tmp_path / "last.pt", _payload())
     for name in (".last.pt.abc123.tmp", ".best.pt.x_9.tmp"):

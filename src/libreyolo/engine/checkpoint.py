@@ -133,8 +133,9 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
 
 
 # The first bytes of what torch.save writes: a zip archive (the default since torch 1.6) or a
-# legacy pickle (protocol 2+ starts with 0x80).
-_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+# legacy pickle, whose PROTO opcode 0x80 is followed by its protocol, 2 to 5 (pickle's docs).
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_MAGIC = tuple(b"\x80" + bytes([protocol]) for protocol in range(2, 6))
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -173,7 +174,7 @@ def _check_magic(path: Path) -> None:
         raise CheckpointError(f"cannot read checkpoint '{path}' ({exc.strerror or type(exc).__name__})") from None
     if not head:
         raise CheckpointError(f"'{path}' is not a readable checkpoint (truncated or corrupt: the file is empty)")
-    if not head.startswith(_TORCH_MAGIC):
+    if not head.startswith((_ZIP_MAGIC, *_PICKLE_MAGIC)):
         kind = "a text file" if _is_text(path) else "not a PyTorch file"
         raise CheckpointError(f"'{path}' is not a LibreYOLO checkpoint ({kind}: PyTorch checkpoints are zip archives)")
 
@@ -189,7 +190,7 @@ def _check_archive(path: Path) -> None:
         # Cut short or not an archive; a legacy (pickle) file is not a zip at all: torch.load decides.
         if isinstance(exc, zipfile.BadZipFile):
             with open(path, "rb") as f:
-                if f.read(1) == b"\x80":
+                if f.read(2) in _PICKLE_MAGIC:
                     return
             reason = "cut short: the zip directory at its end is missing"
         else:
