@@ -2,6 +2,9 @@
 batches against scipy on the real rows only (padded rows, an image without boxes, more targets
 than queries), and the cost against upstream's formula written out per pair."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -71,3 +74,12 @@ def test_giou_against_torchvision():
     a = cxcywh_to_xyxy(torch.rand(1, 5, 4, generator=gen) * 0.5 + 0.1)
     b = cxcywh_to_xyxy(torch.rand(1, 6, 4, generator=gen) * 0.5 + 0.1)
     assert torch.allclose(pairwise_giou(a, b)[0], torchvision.ops.generalized_box_iou(a[0], b[0]), atol=1e-5)
+
+
+def test_the_registry_does_not_import_the_solvers():
+    # Every command imports every family; the solvers (and scipy.optimize under the Triton one, 0.7 s
+    # on a 2-core machine) load on a DETR's first match only.
+    code = ("import sys, libreyolo.model, libreyolo.families; "
+            "print(sorted(m for m in ('scipy', 'torch_linear_assignment') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

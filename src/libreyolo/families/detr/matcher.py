@@ -34,6 +34,8 @@ Host syncs per call (the solve is the only one):
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -46,10 +48,16 @@ from .boxes import cxcywh_to_xyxy, pairwise_giou
 COST_CLASS, COST_BBOX, COST_GIOU = 2.0, 5.0, 2.0
 FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
 
-try:  # the Triton solver; optional
-    from torch_linear_assignment import batch_linear_assignment as _tla
-except ImportError:  # pragma: no cover - depends on the environment
-    _tla = None
+@functools.cache
+def _tla() -> Callable[[Tensor], Tensor] | None:
+    """The Triton solver, or None where torch-linear-assignment is not installed. Imported on the
+    first match, not with the module: it imports scipy.optimize (0.7 s on a 2-core machine), which
+    every `libreyolo` command would pay, DETR or not, since the registry imports every family."""
+    try:
+        from torch_linear_assignment import batch_linear_assignment
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return batch_linear_assignment
 
 
 class Match(NamedTuple):
@@ -80,10 +88,10 @@ def match_cost(logits: Tensor, boxes: Tensor, labels: Tensor, tgt_boxes: Tensor,
 
 def resolve_backend(backend: str) -> str:
     if backend == "auto":
-        return "tla" if _tla is not None else "scipy"
+        return "tla" if _tla() is not None else "scipy"
     if backend not in ("tla", "scipy"):
         raise ValueError(f"matcher backend must be auto, tla or scipy, got {backend!r}")
-    if backend == "tla" and _tla is None:
+    if backend == "tla" and _tla() is None:
         raise ImportError("backend 'tla' needs the torch-linear-assignment package")
     return backend
 
@@ -109,7 +117,7 @@ def solve(cost: Tensor, valid: Tensor, backend: str = "auto") -> Match:
     if n == 0 or m == 0:
         col = torch.zeros(n, m, dtype=torch.long, device=device)
     elif resolve_backend(backend) == "tla":
-        col = _tla(cost.contiguous())
+        col = _tla()(cost.contiguous())
     else:
         col = _scipy_solve(cost).to(device, non_blocking=True)
     matched = valid & (col >= 0) & (col < q)
