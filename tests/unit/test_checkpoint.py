@@ -270,3 +270,35 @@ def test_a_failed_background_write_is_one_line_or_logged_on_a_failure_path(tmp_p
         writer.wait(raise_errors=False)  # another error is on its way: log, do not raise over it
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"cannot write checkpoint {tmp_path / 'file' / 'x.pt'}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "ok.pt"]
+
+
+def test_the_threads_copy_is_one_buffer_per_dtype_and_owes_nothing_to_the_live_state(tmp_path):
+    # torch.save writes a record per storage and waits for the GIL between records: the copy
+    # the checkpoint thread writes keeps them to one per dtype (engine/state.py, _copied).
+    from libreyolo.engine.state import _copied
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Linear(5, 2))
+    live = {"model": net.state_dict(), "step": [torch.tensor(3.0), torch.tensor(True)], "epoch": 7,
+            "moments": (torch.randn(2, 3).t(), torch.zeros(0, 4))}  # a transposed view, an empty tensor
+    copy = _copied(live)
+    leaves = [*copy["model"].values(), *copy["step"], *copy["moments"]]
+    storages = {t.dtype: set() for t in leaves}
+    for t in leaves:
+        storages[t.dtype].add(t.untyped_storage().data_ptr())
+    assert {dtype: len(ptrs) for dtype, ptrs in storages.items()} == \
+           {torch.float32: 1, torch.int64: 1, torch.bool: 1}
+    for got, want in zip(leaves, [*live["model"].values(), *live["step"], *live["moments"]]):
+        assert got.shape == want.shape and got.dtype == want.dtype and torch.equal(got, want)
+        assert got.device.type == "cpu" and not got.requires_grad
+    assert copy["epoch"] == 7 and isinstance(copy["moments"], tuple)
+    with torch.no_grad():
+        net[0].weight.add_(1.0)  # training goes on: the copy keeps the state it was taken at
+    assert not torch.equal(copy["model"]["0.weight"], net[0].weight)
+    # Loaded, each tensor owns its storage again: pickle (a broadcast to the other ranks) writes a
+    # view's whole buffer every time, so views would carry it once per tensor.
+    save_checkpoint(tmp_path / "last.pt", _payload(model=copy["model"], ema=_copied(net.state_dict())))
+    back = load_checkpoint(tmp_path / "last.pt")
+    assert all(torch.equal(back["model"][k], v) for k, v in copy["model"].items())
+    tensors = [*back["model"].values(), *back["ema"].values()]
+    assert all(t.untyped_storage().nbytes() == t.nbytes for t in tensors)
+    assert len(pickle.dumps(back)) < 2 * sum(t.nbytes for t in tensors) + 10_000

@@ -69,8 +69,9 @@ def _os_error(exc: BaseException) -> OSError | None:
 
 class BackgroundWriter:
     """Checkpoint writes on one thread, in the order asked, off the training loop: the loop pays
-    for a detached copy of the state (engine/state.training_state), the thread for serialising and
-    writing it. Each write is atomic (save_checkpoint). `written` maps each path to the tag of
+    for a detached copy of the state (engine/state.training_state, one buffer per dtype, so that
+    torch.save writes a few records and does not wait for the GIL between hundreds of them beside
+    a host-bound loop), the thread for serialising and writing it. Each write is atomic (save_checkpoint). `written` maps each path to the tag of
     its last write that succeeded. Thread-safe: a watchdog thread may wait while the loop submits."""
 
     def __init__(self) -> None:
@@ -163,7 +164,21 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         if not isinstance(ckpt[key], tp):
             raise CheckpointError(f"'{path}' is damaged: its '{key}' is {_article(type(ckpt[key]).__name__)}, "
                                   f"not {_article(tp.__name__)}")
-    return ckpt
+    return _owning(ckpt)
+
+
+def _owning(value: Any) -> Any:
+    """`value` with every tensor on a storage of its own. A checkpoint is written as views of one
+    buffer per dtype (engine/state.py) and loads that way; pickle, though, writes a view's whole
+    storage each time (its memo does not know two views share one), so a broadcast of the loaded
+    state to other ranks (engine/distributed.from_rank0) would carry the buffer once per tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.clone() if value.untyped_storage().nbytes() > value.nbytes else value
+    if isinstance(value, dict):
+        return {k: _owning(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_owning(v) for v in value)
+    return value
 
 
 def _check_magic(path: Path) -> None:
