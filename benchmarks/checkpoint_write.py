@@ -60,14 +60,25 @@ def state_of(arch: str) -> dict:
 
 
 def timed_write(path: Path, payload: dict, busy: bool) -> float:
-    done = threading.Event()
-    thread = threading.Thread(target=lambda: (save_checkpoint(path, payload), done.set()))
+    done, failed = threading.Event(), []
+
+    def write() -> None:
+        try:
+            save_checkpoint(path, payload)
+        except BaseException as exc:  # raised again on the main thread
+            failed.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=write)
     t0 = time.perf_counter()
     thread.start()
     spins = 0
     while busy and not done.is_set():
         spins += 1  # a training loop that never leaves Python
     thread.join()
+    if failed:
+        raise failed[0]
     return time.perf_counter() - t0
 
 

@@ -14,6 +14,7 @@ torchrun runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch's agent-shared st
 restarted process the previous attempt's addresses (engine/elastic.py, "torch's shared store").
 """
 
+import contextlib
 import csv
 import os
 import shutil
@@ -178,24 +179,30 @@ def _kill_mid_epoch_2(nodes: list[_Node]) -> tuple[_Node, _Node] | None:
     while not any(ln.startswith("epoch 1/2 ") and "steps (" not in ln for ln in main.err):
         assert main.proc.poll() is None and time.time() < deadline, "".join(main.err[-30:])
         time.sleep(0.02)
+    killed = False
     try:
         os.kill(victim, signal.SIGSTOP)
         while True:
             time.sleep(0.5)  # rank 0 finishes its step and its checkpoint, then waits at the all-reduce
-            epoch, step = _position(main.last())
-            if (epoch, step) != (1, 0) or any(ln.startswith("done: ") for ln in main.err):
+            # (1, 0) or below: epoch 1's last.pt not yet on disk, or no step of epoch 2 saved yet.
+            at = _position(main.last())
+            if at > (1, 0) or any(ln.startswith("done: ") for ln in main.err):
                 break
             assert time.time() < deadline, "".join(main.err[-30:])
             os.kill(victim, signal.SIGCONT)  # a slice: about a step
             time.sleep(0.05)
             os.kill(victim, signal.SIGSTOP)
+        if at[0] != 1 or any(ln.startswith("done: ") for ln in main.err):
+            return None  # epoch 2 ended before the victim was stopped
+        os.kill(victim, signal.SIGKILL)
+        killed = True
+        return main, other
     except ProcessLookupError:  # its run had already ended
         return None
-    if epoch != 1 or not step or any(ln.startswith("done: ") for ln in main.err):
-        os.kill(victim, signal.SIGCONT)
-        return None
-    os.kill(victim, signal.SIGKILL)
-    return main, other
+    finally:
+        if not killed:  # never leave it stopped: torch starts workers in a session of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
 
 
 def test_two_nodes_restarted_after_a_kill_resume_by_themselves(reference, tmp_path):
@@ -211,6 +218,9 @@ def test_two_nodes_restarted_after_a_kill_resume_by_themselves(reference, tmp_pa
         finally:
             for node in nodes:
                 if node.proc.poll() is None:
+                    for pid in children(node.proc.pid):  # its workers: a session of their own
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
                     node.proc.kill()
         if killed is not None:
             break

@@ -277,7 +277,8 @@ def test_the_threads_copy_is_one_buffer_per_dtype_and_owes_nothing_to_the_live_s
     # the checkpoint thread writes keeps them to one per dtype (engine/state.py, _copied).
     from libreyolo.engine.state import _copied
 
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Linear(5, 2))
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Linear(128, 128),
+                              torch.nn.Linear(128, 128))  # 130 kB of weights: pickle's size below is theirs
     live = {"model": net.state_dict(), "step": [torch.tensor(3.0), torch.tensor(True)], "epoch": 7,
             "moments": (torch.randn(2, 3).t(), torch.zeros(0, 4))}  # a transposed view, an empty tensor
     copy = _copied(live)
@@ -301,4 +302,4 @@ def test_the_threads_copy_is_one_buffer_per_dtype_and_owes_nothing_to_the_live_s
     assert all(torch.equal(back["model"][k], v) for k, v in copy["model"].items())
     tensors = [*back["model"].values(), *back["ema"].values()]
     assert all(t.untyped_storage().nbytes() == t.nbytes for t in tensors)
-    assert len(pickle.dumps(back)) < 2 * sum(t.nbytes for t in tensors) + 10_000
+    assert len(pickle.dumps(back)) < 1.2 * sum(t.nbytes for t in tensors) + 20_000  # views: about 6x

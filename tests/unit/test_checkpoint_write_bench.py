@@ -3,6 +3,7 @@
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -10,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import checkpoint_write  # noqa: E402
 
 from libreyolo.engine.state import _copied  # noqa: E402
+from libreyolo.errors import WriteError  # noqa: E402
 
 
 def test_the_baseline_copies_a_storage_per_tensor_and_ours_one_per_dtype(tmp_path):
@@ -22,6 +24,13 @@ def test_the_baseline_copies_a_storage_per_tensor_and_ours_one_per_dtype(tmp_pat
             storages = len({t.untyped_storage().data_ptr() for t in leaves})
             dtypes = len({t.dtype for t in leaves})
             assert storages == (len(leaves) if copy is checkpoint_write.per_tensor else dtypes), (part, storages)
-        assert checkpoint_write.timed_write(tmp_path / "last.pt", payload, busy=False) > 0
-        back = torch.load(tmp_path / "last.pt", weights_only=True)
+        path = tmp_path / f"{copy.__name__}.pt"
+        checkpoint_write.timed_write(path, payload, busy=True)  # raises what the thread raised
+        back = torch.load(path, weights_only=True)
         assert all(torch.equal(back["model"][k], v) for k, v in state["model"].items())
+
+
+def test_a_failed_write_is_raised_not_spun_on(tmp_path):
+    (tmp_path / "weights").write_text("a file where the folder should be")
+    with pytest.raises((OSError, WriteError)):  # the folder cannot be made: an OSError
+        checkpoint_write.timed_write(tmp_path / "weights" / "last.pt", {"model": {}}, busy=True)
