@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)  ## idempotent: re-runs only when pyproject.toml changed
 
 # The suite runs on every core (pytest-xdist, at most 4 workers; conftest.py gives each worker its
-# share of torch's threads): on a 2-core machine 8 minutes instead of 11.
+# share of torch's threads).
 PYTEST_ARGS = -q -m "not gpu" --timeout=600 -n auto --maxprocesses=4 tests
 
 test: install  ## the CPU suite (GPU tests are skipped without CUDA)
