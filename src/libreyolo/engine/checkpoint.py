@@ -69,10 +69,11 @@ def _os_error(exc: BaseException) -> OSError | None:
 
 class BackgroundWriter:
     """Checkpoint writes on one thread, in the order asked, off the training loop: the loop pays
-    for a detached copy of the state (engine/state.training_state, one buffer per dtype, so that
+    for a detached copy of the state (engine/state.training_state: one buffer per dtype, so that
     torch.save writes a few records and does not wait for the GIL between hundreds of them beside
-    a host-bound loop), the thread for serialising and writing it. Each write is atomic (save_checkpoint). `written` maps each path to the tag of
-    its last write that succeeded. Thread-safe: a watchdog thread may wait while the loop submits."""
+    a host-bound loop), the thread for serialising and writing it. Each write is atomic
+    (save_checkpoint). `written` maps each path to the tag of its last write that succeeded.
+    Thread-safe: a watchdog thread may wait while the loop submits."""
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None

@@ -129,9 +129,10 @@ def _copied(value: Any) -> Any:
 
     torch.save writes a record per storage, and between records its writer hands Python's GIL
     back and waits to take it again. A checkpoint thread beside a host-bound training loop, which
-    holds the GIL all the time, then waits about a switch interval (5 ms) per record: RF-DETR-n's
-    state of 1,664 tensors took 36 s to write beside a busy Python thread, 1.0 s beside an idle
-    one, on the 2-core machine. As views of one buffer per dtype it is a few records; the file's
+    holds the GIL all the time, then waits about a switch interval (5 ms) per record: ECDet-s's
+    state, 1,285 storages, took 22-25 s to write beside a spinning Python thread and 0.5-0.7 s
+    beside an idle one on a 2-core machine (benchmarks/checkpoint_write.py). As views of one
+    buffer per dtype it is a few records (0.7 s beside the spinning thread); the file's
     format is torch.save's own, and each part (model, EMA, optimizer) gets buffers of its own, so
     a part saved on its own later holds only itself."""
     sizes: dict[torch.dtype, int] = {}
