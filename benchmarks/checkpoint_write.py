@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from libreyolo.engine.checkpoint import save_checkpoint  # noqa: E402
+from libreyolo.engine.checkpoint import map_tensors, save_checkpoint  # noqa: E402
 from libreyolo.engine.optim import build_optimizer  # noqa: E402
 from libreyolo.engine.state import _copied  # noqa: E402
 from libreyolo.families import parse_arch  # noqa: E402
@@ -38,13 +38,7 @@ from libreyolo.families import parse_arch  # noqa: E402
 
 def per_tensor(value):
     """The copy before packing: every tensor on a storage of its own."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: per_tensor(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(per_tensor(v) for v in value)
-    return value
+    return map_tensors(value, lambda t: t.detach().to("cpu", copy=True))
 
 
 def state_of(arch: str) -> dict:
@@ -115,15 +109,10 @@ def main() -> None:
         args.json.write_text(text + "\n")
 
 
-def _leaves(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _leaves(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _leaves(v)
+def _leaves(value) -> list[torch.Tensor]:
+    found = []
+    map_tensors(value, found.append)
+    return found
 
 
 if __name__ == "__main__":

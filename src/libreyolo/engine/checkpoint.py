@@ -13,6 +13,7 @@ import random
 import re
 import threading
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -173,13 +174,20 @@ def _owning(value: Any) -> Any:
     buffer per dtype (engine/state.py) and loads that way; pickle, though, writes a view's whole
     storage each time (its memo does not know two views share one), so a broadcast of the loaded
     state to other ranks (engine/distributed.from_rank0) would carry the buffer once per tensor."""
+    return map_tensors(value, lambda t: t.clone() if t.untyped_storage().nbytes() > t.nbytes else t)
+
+
+def map_tensors(value: Any, tensor: Callable[[torch.Tensor], Any],
+                other: Callable[[Any], Any] = lambda v: v) -> Any:
+    """`value` with its dicts, lists and tuples rebuilt, `tensor` applied to each tensor and `other`
+    to every other leaf, depth first in the containers' order."""
     if isinstance(value, torch.Tensor):
-        return value.clone() if value.untyped_storage().nbytes() > value.nbytes else value
+        return tensor(value)
     if isinstance(value, dict):
-        return {k: _owning(v) for k, v in value.items()}
+        return {k: map_tensors(v, tensor, other) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_owning(v) for v in value)
-    return value
+        return type(value)(map_tensors(v, tensor, other) for v in value)
+    return other(value)
 
 
 def _check_magic(path: Path) -> None:

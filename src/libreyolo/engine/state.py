@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -136,34 +135,20 @@ def _copied(value: Any) -> Any:
     format is torch.save's own, and each part (model, EMA, optimizer) gets buffers of its own, so
     a part saved on its own later holds only itself."""
     sizes: dict[torch.dtype, int] = {}
-    _tensors(value, lambda t: sizes.__setitem__(t.dtype, sizes.get(t.dtype, 0) + t.numel()))
+
+    def count(t: torch.Tensor) -> None:
+        sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+
+    ckpt_io.map_tensors(value, count)
     flat = {dtype: torch.empty(n, dtype=dtype) for dtype, n in sizes.items()}
     offsets = dict.fromkeys(flat, 0)
 
-    def copied(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            start = offsets[v.dtype]
-            offsets[v.dtype] = start + v.numel()
-            return flat[v.dtype][start:start + v.numel()].view(v.shape).copy_(v.detach())
-        if isinstance(v, dict):
-            return {k: copied(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return type(v)(copied(x) for x in v)
-        return copy.deepcopy(v)
+    def copied(t: torch.Tensor) -> torch.Tensor:  # in the order count saw them
+        start = offsets[t.dtype]
+        offsets[t.dtype] = start + t.numel()
+        return flat[t.dtype][start:start + t.numel()].view(t.shape).copy_(t.detach())
 
-    return copied(value)
-
-
-def _tensors(value: Any, visit: Callable[[torch.Tensor], None]) -> None:
-    """Call `visit` on each tensor of `value`, in the order `_copied` copies them."""
-    if isinstance(value, torch.Tensor):
-        visit(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _tensors(v, visit)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _tensors(v, visit)
+    return ckpt_io.map_tensors(value, copied, copy.deepcopy)
 
 
 def cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
