@@ -56,3 +56,19 @@ def test_run_names_are_one_folder(key, raw):
 
 def test_only_the_key_is_respelled():
     assert split_pairs(["--save-period=-1", "--name=my-run"]) == [("save_period", "-1"), ("name", "my-run")]
+
+
+@pytest.mark.parametrize("argv,code", [(["--version"], 0), (["train", "nokey=1"], 2)])
+def test_the_command_freezes_the_collector_on_its_way_out(argv, code):
+    """Python's last collection at shutdown walks every object torch made (about a second of a
+    short command); the command skips it by freezing them, on success and on error alike."""
+    import subprocess
+    import sys
+
+    script = ("import atexit, gc, sys\n"
+              "from libreyolo.cli.entry import main\n"
+              "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+              "main(sys.argv[1:])\n")
+    run = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
+    assert run.returncode == code, run.stderr
+    assert run.stdout.splitlines()[-1] == "frozen True"
