@@ -120,3 +120,28 @@ def test_fifty_steps_finite_and_decreasing(amp, amp_dtype):
     assert torch.isfinite(losses).all()
     assert losses[-5:].mean() < 0.7 * losses[:5].mean()
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_the_checkpoint_copy_of_a_cuda_state_is_exact_and_leaves_in_a_few_transfers(monkeypatch):
+    # engine/state._copied: a GPU's tensors are concatenated there by dtype and copied to the
+    # packed CPU buffers in one transfer per run (a copy to the host waits for the device).
+    from libreyolo.engine import state
+
+    ctx, model = _ctx()
+    train_step(ctx, _batch(), update=True)
+    live = {"model": model.state_dict(), "optimizer": ctx.optimizer.state_dict()}
+    transfers = []
+    real_cat = torch.cat
+    monkeypatch.setattr(torch, "cat", lambda ts, *a, **k: transfers.append(len(ts)) or real_cat(ts, *a, **k))
+    copy = state._copied(live)
+    monkeypatch.undo()
+    flat_live, flat_copy = [], []
+    from libreyolo.engine.checkpoint import map_tensors
+
+    map_tensors(live, flat_live.append)
+    map_tensors(copy, flat_copy.append)
+    assert len(flat_copy) == len(flat_live) > 1000
+    for got, want in zip(flat_copy, flat_live):
+        assert got.device.type == "cpu" and got.dtype == want.dtype and torch.equal(got, want.cpu())
+    on_gpu = sum(t.is_cuda for t in flat_live)
+    assert sum(transfers) == on_gpu and len(transfers) <= 8, transfers

@@ -272,10 +272,40 @@ def test_a_failed_background_write_is_one_line_or_logged_on_a_failure_path(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "ok.pt"]
 
 
-def test_the_threads_copy_is_one_buffer_per_dtype_and_owes_nothing_to_the_live_state(tmp_path):
+def test_the_threads_copy_stages_a_gpus_tensors_in_one_run_beside_the_cpus(monkeypatch):
+    # AdamW's state on a GPU: per parameter a `step` counter on the CPU between two moments on the
+    # device. The staged moments (here: every tensor of more than one element) keep a buffer of
+    # their own, so the counters between them do not break their run into one per parameter.
+    from libreyolo.engine import state
+
+    transfers = []
+    real_cat = torch.cat
+    monkeypatch.setattr(torch, "cat", lambda ts, *a, **k: transfers.append(len(ts)) or real_cat(ts, *a, **k))
+    live = {"state": {i: {"step": torch.tensor(float(i)), "exp_avg": torch.randn(5, 3), "exp_avg_sq": torch.rand(7)}
+                      for i in range(50)}}
+    copy = state._copied(live, stage=lambda t: t.dim() > 0)
+    assert transfers == [100]
+    for i in range(50):
+        for k, v in live["state"][i].items():
+            assert torch.equal(copy["state"][i][k], v)
+    assert len({copy["state"][i][k].untyped_storage().data_ptr() for i in range(50) for k in live["state"][i]}) == 2
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
+def test_the_threads_copy_is_one_buffer_per_dtype_and_owes_nothing_to_the_live_state(tmp_path, monkeypatch, staged):
     # torch.save writes a record per storage and waits for the GIL between records: the copy
     # the checkpoint thread writes keeps them to one per dtype (engine/state.py, _copied).
-    from libreyolo.engine.state import _copied
+    # `staged`: the path a GPU's tensors take (concatenated in runs, one transfer a run), here on
+    # the CPU's, with runs of at most 4 kB so that a part leaves in several.
+    from libreyolo.engine import state
+
+    monkeypatch.setattr(state, "_STAGE_BYTES", 4096)
+    transfers = []
+    real_cat = torch.cat
+    monkeypatch.setattr(torch, "cat", lambda ts, *a, **k: transfers.append(len(ts)) or real_cat(ts, *a, **k))
+
+    def _copied(value):
+        return state._copied(value, stage=lambda t: True) if staged else state._copied(value)
 
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Linear(128, 128),
                               torch.nn.Linear(128, 128))  # 130 kB of weights: pickle's size below is theirs
@@ -303,3 +333,7 @@ def test_the_threads_copy_is_one_buffer_per_dtype_and_owes_nothing_to_the_live_s
     tensors = [*back["model"].values(), *back["ema"].values()]
     assert all(t.untyped_storage().nbytes() == t.nbytes for t in tensors)
     assert len(pickle.dumps(back)) < 1.2 * sum(t.nbytes for t in tensors) + 20_000  # views: about 6x
+    if staged:  # every tensor of the two copies went in a run; the 64 kB Linear weights alone in theirs
+        assert sum(transfers) == len(leaves) + len(net.state_dict()) and max(transfers) > 2
+    else:
+        assert not transfers

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -122,9 +123,13 @@ def resume_position(ckpt: dict, steps_per_epoch: int) -> tuple[int, int]:
     return int(ckpt["epoch"]) + 1, 0
 
 
-def _copied(value: Any) -> Any:
+# Device memory a copy stages at a time: a state leaves the GPU in copies of up to this size.
+_STAGE_BYTES = 32 << 20
+
+
+def _copied(value: Any, stage: Callable[[torch.Tensor], bool] = lambda t: t.device.type != "cpu") -> Any:
     """`value` with every container rebuilt and every tensor copied to the CPU, as views of one
-    flat buffer per dtype.
+    flat buffer per dtype (two where a GPU's tensors and the CPU's mix).
 
     torch.save writes a record per storage, and between records its writer hands Python's GIL
     back and waits to take it again. A checkpoint thread beside a host-bound training loop, which
@@ -133,22 +138,47 @@ def _copied(value: Any) -> Any:
     beside an idle one on a 2-core machine (benchmarks/checkpoint_write.py). As views of one
     buffer per dtype it is a few records (0.7 s beside the spinning thread); the file's
     format is torch.save's own, and each part (model, EMA, optimizer) gets buffers of its own, so
-    a part saved on its own later holds only itself."""
-    sizes: dict[torch.dtype, int] = {}
+    a part saved on its own later holds only itself.
 
-    def count(t: torch.Tensor) -> None:
-        sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
-
-    ckpt_io.map_tensors(value, count)
-    flat = {dtype: torch.empty(n, dtype=dtype) for dtype, n in sizes.items()}
+    Tensors for which `stage` holds (those on a GPU) leave their device a run at a time: those
+    of a dtype are concatenated there, up to `_STAGE_BYTES` a run, and copied in one transfer. A copy to host memory waits for the device, and a GPU shared by several processes
+    answers each wait in its turn: one transfer per tensor (YOLOv9-t's weights, EMA and
+    optimizer: 2,243) would wait that many times."""
+    tensors: list[torch.Tensor] = []
+    ckpt_io.map_tensors(value, tensors.append)
+    staged = [stage(t) for t in tensors]
+    # A buffer per dtype, and a second for a GPU's tensors where the CPU's mix with them (AdamW's
+    # `step` counters beside its moments): the staged ones then lie end to end in theirs.
+    sizes: dict[tuple[torch.dtype, bool], int] = {}
+    for t, s in zip(tensors, staged):
+        sizes[t.dtype, s] = sizes.get((t.dtype, s), 0) + t.numel()
+    flat = {key: torch.empty(n, dtype=key[0]) for key, n in sizes.items()}
     offsets = dict.fromkeys(flat, 0)
+    # Staged tensors by (dtype, device), each run [tensors, start, end] of their buffer.
+    runs: dict[tuple[torch.dtype, torch.device], list] = {}
 
-    def copied(t: torch.Tensor) -> torch.Tensor:  # in the order count saw them
-        start = offsets[t.dtype]
-        offsets[t.dtype] = start + t.numel()
-        return flat[t.dtype][start:start + t.numel()].view(t.shape).copy_(t.detach())
+    def flush(key: tuple[torch.dtype, torch.device]) -> None:
+        run, start, end = runs.pop(key)
+        flat[key[0], True][start:end].copy_(torch.cat([t.detach().reshape(-1) for t in run]))
 
-    return ckpt_io.map_tensors(value, copied, copy.deepcopy)
+    views = []
+    for t, s in zip(tensors, staged):
+        at = offsets[t.dtype, s]
+        offsets[t.dtype, s] = at + t.numel()
+        views.append(flat[t.dtype, s][at:at + t.numel()].view(t.shape))
+        if not s:
+            views[-1].copy_(t.detach())
+            continue
+        key = (t.dtype, t.device)
+        if key in runs and (runs[key][2] != at or (at - runs[key][1]) * t.element_size() >= _STAGE_BYTES):
+            flush(key)
+        run = runs.setdefault(key, [[], at, at])
+        run[0].append(t)
+        run[2] = at + t.numel()
+    for key in list(runs):
+        flush(key)
+    copies = iter(views)
+    return ckpt_io.map_tensors(value, lambda t: next(copies), copy.deepcopy)
 
 
 def cpu_state(module: nn.Module) -> dict[str, torch.Tensor]:
