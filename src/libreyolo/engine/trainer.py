@@ -8,6 +8,7 @@ through its loaders, its evaluation and its fitness; the step never knows it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import time
@@ -152,7 +153,7 @@ class Trainer:
         self.clock.start_train()
         self._call("before_train")
         epochs_run = 0
-        with self._checkpoints_settled(), \
+        with self._checkpoints_settled(), settled_heap(), \
                 distributed.failures_as_error(self.world, self.cfg.ddp_timeout, self._last_good), \
                 out_of_memory_as_error(self.cfg, self.device):
             for epoch in range(self.start_epoch, self.cfg.epochs):
@@ -345,3 +346,21 @@ class Trainer:
 
 
 _STEP_EVENTS = ("before_step", "after_step")
+
+
+@contextlib.contextmanager
+def settled_heap() -> Iterator[None]:
+    """The objects alive when the loop starts (torch's and the model's: about 340,000 for
+    YOLOv9-t) left out of the garbage collector's passes until it ends.
+
+    A full collection walks every tracked object, and a validation's evaluation (a dict per box
+    for faster-coco-eval) triggers one every few epochs: 0.2 s each over YOLOv9-t's heap on a
+    2-core machine, against 0.15 s for the evaluation itself. What is garbage is collected
+    before the freeze; the loop's own objects are collected as usual, and the frozen ones go
+    back at the end, so a process that trains many times keeps nothing."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
