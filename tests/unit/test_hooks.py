@@ -92,6 +92,39 @@ def test_skipped_steps_are_said_only_for_epochs_that_skipped(tmp_path, caplog):
     assert [r.rsplit(",", 1)[1] for r in rows] == ["skipped_steps", "8", "8", "8", "9"]
 
 
+def test_results_page_is_redrawn_within_its_cost_bound_and_always_at_the_end(tmp_path, monkeypatch):
+    # A clock that moves only when told: each epoch takes 2.5 s, each drawing of the page 0.25 s,
+    # so with the bound of 50 the page may be drawn again 12.5 s after the last (every 5th epoch).
+    from libreyolo import plots
+    from libreyolo.engine import hooks
+
+    now = [0.0]
+    drawn = []
+
+    def draw(run_dir, task, details, meta):
+        now[0] += 0.25
+        drawn.append(meta["epoch"])
+
+    monkeypatch.setattr(hooks.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(plots, "write_results_html", draw)
+    t = SimpleNamespace(epoch=0, start_epoch=0, metrics={"map50_95": 0.1, "map50": 0.2}, validated_epoch=-1,
+                        run_dir=tmp_path,
+                        task=get_task("detect"), arch="yolo9-t", data_cfg=SimpleNamespace(name="shapes"),
+                        cfg=SimpleNamespace(epochs=12, imgsz=64, batch=8), val_details=None,
+                        epoch_losses=lambda: {"box": 1.0}, optimizer=SimpleNamespace(param_groups=[{"lr": 0.01}]),
+                        precision=SimpleNamespace(skipped_steps=lambda: 0))
+    hook = hooks.ResultsHook()
+    hook.before_train(t)
+    for epoch in range(12):
+        t.epoch = t.validated_epoch = epoch
+        hook.before_epoch(t)
+        now[0] += 2.5
+        hook.after_epoch(t)
+    hook.after_train(t)
+    assert drawn == ["1/12", "6/12", "11/12", "12/12"]
+    assert hooks.PAGE_COST_BOUND == 50
+
+
 @pytest.mark.parametrize("start_epoch, kept", [(0, []), (2, ["1", "2"])])
 def test_results_csv_starts_fresh_or_keeps_the_resumed_epochs(tmp_path, start_epoch, kept):
     from libreyolo.engine.hooks import ResultsHook

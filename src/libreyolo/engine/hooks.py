@@ -7,6 +7,7 @@ face to its hooks) are in run.py.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 
@@ -152,14 +153,23 @@ class ValidationHook(Hook):
         self.best_epoch = int(state.get("best_epoch", -1))
 
 
+PAGE_COST_BOUND = 50
+
+
 class ResultsHook(Hook):
     """One row per epoch in results.csv: losses, learning rate, the task's metrics, timing,
-    skipped steps; results.html (plots.py) after every validation and when training ends.
-    `validation` (the run's ValidationHook) supplies the best epoch shown on the page."""
+    skipped steps; results.html (plots.py) after a validation and when training ends.
+    `validation` (the run's ValidationHook) supplies the best epoch shown on the page.
+
+    Drawing the page takes 0.1-0.2 s (plotly, a detector's per-class curves), a run of 2-3 s
+    epochs would spend a tenth of its time on it: after a validation the page is drawn again
+    only when at least PAGE_COST_BOUND times its last drawing has passed since, so it costs at
+    most 1/PAGE_COST_BOUND of the run. An epoch of 10 s or more redraws every validation."""
 
     def __init__(self, validation: ValidationHook | None = None) -> None:
         self.validation = validation
         self.table = ResultsTable()  # the rows so far; every checkpoint holds them (its state)
+        self._drawn_at, self._draw_s = -math.inf, 0.0  # when the page was last drawn, and in how long
 
     def before_train(self, trainer: Run) -> None:
         self._skipped_before = trainer.precision.skipped_steps()  # a resumed run's count carries on
@@ -181,7 +191,7 @@ class ResultsHook(Hook):
         row["seconds"] = round(time.perf_counter() - self._t0, 3)
         row["skipped_steps"] = trainer.precision.skipped_steps()
         self.table.add(trainer.run_dir / "results.csv", row)  # the whole table, atomically
-        if fresh:  # new curves to show: a long run's page is never older than its last validation
+        if fresh and time.perf_counter() - self._drawn_at >= PAGE_COST_BOUND * self._draw_s:
             self._write_page(trainer)
         new_skips = row["skipped_steps"] - self._skipped_before
         self._skipped_before = row["skipped_steps"]
@@ -199,8 +209,11 @@ class ResultsHook(Hook):
         self.table.load(state.get("rows"))
 
     def _write_page(self, trainer: Run) -> None:
+        import plotly.subplots  # noqa: F401  (imported once: not part of what a drawing costs)
+
         from ..plots import write_results_html
 
+        t0 = time.perf_counter()
         cfg = trainer.cfg
         best = self.validation.best_epoch if self.validation is not None else -1
         meta = {"arch": trainer.arch, "task": trainer.task.name, "data": trainer.data_cfg.name,
@@ -208,6 +221,8 @@ class ResultsHook(Hook):
                 "best epoch": best + 1 if best >= 0 else None, "run": str(trainer.run_dir)}
         details = trainer.val_details  # from the validation that set trainer.metrics
         write_results_html(trainer.run_dir, trainer.task, {**trainer.metrics, **details} if details else None, meta)
+        self._drawn_at = time.perf_counter()
+        self._draw_s = self._drawn_at - t0
 
 
 class CheckpointHook(Hook):
