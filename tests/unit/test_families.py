@@ -259,15 +259,21 @@ LEARNERS = sorted({(spec.build.__module__, spec.criterion): f for f, spec in sor
                    if f in DETECTORS}.values())
 
 
-@pytest.mark.parametrize("family", LEARNERS)
-def test_overfit_four_images(family):
-    size, lr, prepare = OVERFIT[family]
+def _learner(family):
+    """`family`'s model (OVERFIT's size, 2 classes, seed 0, in training mode) and criterion."""
+    size, _, prepare = OVERFIT[family]
     spec = REGISTRY[family]
     torch.manual_seed(0)
     model = spec.build(size, 2).train()
     if prepare is not None:
         prepare(model)
-    crit = spec.criterion(model, None)
+    return model, spec.criterion(model, None)
+
+
+@pytest.mark.parametrize("family", LEARNERS)
+def test_overfit_four_images(family):
+    lr = OVERFIT[family][1]
+    model, crit = _learner(family)
     images, targets = _batch()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     watch = [crit.item_names.index(k) for k in WATCH.get(family, crit.item_names)]
@@ -417,13 +423,7 @@ def test_padded_targets_give_the_same_loss_and_gradients(family):
     """Every loss and assigner honours `Targets.valid`: a batch padded to more slots (as a fixed
     box count per graph bucket would pad it) trains exactly as the one it pads, the DETRs'
     denoising queries included (drawn from the same RNG state)."""
-    size, _, prepare = OVERFIT[family]
-    spec = REGISTRY[family]
-    torch.manual_seed(0)
-    model = spec.build(size, 2).train()
-    if prepare is not None:
-        prepare(model)
-    crit = spec.criterion(model, None)
+    model, crit = _learner(family)
     images, targets = _batch()
     results = []
     for t in (targets, _padded(targets, 24)):
