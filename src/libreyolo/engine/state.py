@@ -141,9 +141,10 @@ def _copied(value: Any, stage: Callable[[torch.Tensor], bool] = lambda t: t.devi
     a part saved on its own later holds only itself.
 
     Tensors for which `stage` holds (those on a GPU) leave their device a run at a time: those
-    of a dtype are concatenated there, up to `_STAGE_BYTES` a run, and copied in one transfer. A copy to host memory waits for the device, and a GPU shared by several processes
-    answers each wait in its turn: one transfer per tensor (YOLOv9-t's weights, EMA and
-    optimizer: 2,243) would wait that many times."""
+    of a dtype are concatenated there, up to `_STAGE_BYTES` a run, and copied in one transfer. A
+    copy to host memory waits for the device, and a GPU shared by several processes answers each
+    wait in its turn: one transfer per tensor (YOLOv9-t's weights, EMA and optimizer: 2,243)
+    would wait that many times."""
     tensors: list[torch.Tensor] = []
     ckpt_io.map_tensors(value, tensors.append)
     staged = [stage(t) for t in tensors]

@@ -350,14 +350,15 @@ _STEP_EVENTS = ("before_step", "after_step")
 
 @contextlib.contextmanager
 def settled_heap() -> Iterator[None]:
-    """The objects alive when the loop starts (torch's and the model's: about 340,000 for
-    YOLOv9-t) left out of the garbage collector's passes until it ends.
+    """The objects alive when the loop starts (torch's, the model's, the optimizer's: about
+    358,000 for YOLOv9-t) left out of the garbage collector's passes until it ends.
 
-    A full collection walks every tracked object, and a validation's evaluation (a dict per box
-    for faster-coco-eval) triggers one every few epochs: 0.2 s each over YOLOv9-t's heap on a
-    2-core machine, against 0.15 s for the evaluation itself. What is garbage is collected
-    before the freeze; the loop's own objects are collected as usual, and the frozen ones go
-    back at the end, so a process that trains many times keeps nothing."""
+    A full collection walks every tracked object, and a dense validation's evaluation (a dict
+    per box for faster-coco-eval) sets one off every few evaluations: ten of them took 1.90 s
+    with the heap as it is and 1.62 s frozen on a 2-core machine (benchmarks/collector_cost.py).
+    What is garbage is collected before the freeze; the loop's own objects are collected as
+    usual, and the frozen ones go back at the end, so a process that trains many times keeps
+    nothing."""
     gc.collect()
     gc.freeze()
     try:
