@@ -23,7 +23,16 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     if "LIBREYOLO_CACHE" not in os.environ:
-        os.environ["LIBREYOLO_CACHE"] = str(tmp_path_factory.mktemp("libreyolo_cache"))
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            # One cache for the run's workers (their basetemps share this run's folder): the built-in
+            # sets are generated once, not once a worker (shapes alone takes 3-4 s). Generation is
+            # safe to race (data/shapes.ensure_generated: a temp folder, the first rename wins); the
+            # tests that look at a cache's contents set their own LIBREYOLO_CACHE.
+            cache = tmp_path_factory.getbasetemp().parent / "libreyolo_cache"
+            cache.mkdir(exist_ok=True)
+        else:
+            cache = tmp_path_factory.mktemp("libreyolo_cache")
+        os.environ["LIBREYOLO_CACHE"] = str(cache)
     os.environ.setdefault("LIBREYOLO_WEIGHTS_URL", "http://127.0.0.1:9/weights")
     yield
 
