@@ -40,7 +40,7 @@ def _files(path: Path) -> set[str]:
 # The built-in set with its cheapest classifier (MobileNetV4-s trains it in about a third of
 # ResNet-18's time); every classifier trains on a folder in test_python_trains_two_epochs.
 @pytest.mark.parametrize("arch", ["mobilenetv4-s"])
-def test_cli_trains_two_epochs_on_the_builtin_set_then_val(cli, tmp_path, arch):
+def test_cli_trains_two_epochs_on_the_builtin_set_then_val(cli, tmp_path, arch, capsys, one_thread):
     # 32 px, batch 32: 1,000 images an epoch, kept to a few seconds on a 2-core runner.
     proc = cli("train", f"model={arch}", "data=shapes-cls", "epochs=2", "imgsz=32", "batch=32", "workers=0",
                "device=cpu", "--json")
@@ -55,11 +55,13 @@ def test_cli_trains_two_epochs_on_the_builtin_set_then_val(cli, tmp_path, arch):
     assert "top-1" in page and "circle" in page  # the per-class table of the last validation
     assert "on shapes-cls (1000 train images, image classification)" in proc.stderr
     assert "top-1 " in proc.stderr and "mAP" not in proc.stderr
-    val = cli("val", f"model={tmp_path / out['best']}", "device=cpu", "workers=0")
-    assert val.returncode == 0, val.stderr[-2000:]
-    assert val.stdout.startswith("top-1 ") and "top-5" in val.stdout and "(200 images)" in val.stdout
-    assert "imgsz 32 (from the checkpoint's training arguments)" in val.stderr
-    assert "triangle_outline" in val.stderr  # the per-class table
+    # val through the command's entry point in this process (a detector's val runs as a real process
+    # in test_train_cli.py; a start-up costs seconds of torch import).
+    code, stdout, stderr = run_in_process(["val", f"model={tmp_path / out['best']}", "device=cpu", "workers=0"], capsys)
+    assert code == 0, stderr[-2000:]
+    assert stdout.startswith("top-1 ") and "top-5" in stdout and "(200 images)" in stdout
+    assert "imgsz 32 (from the checkpoint's training arguments)" in stderr
+    assert "triangle_outline" in stderr  # the per-class table
 
 
 # The built-in set's 2-epoch run is the CLI's above; Python trains every classifier on a folder.
@@ -75,7 +77,7 @@ def test_python_trains_two_epochs(tmp_path, arch):
     assert metrics["top5"] == 1.0  # two classes: the label is always among the top 5
 
 
-def test_a_folder_named_without_a_slash_and_resume(cli, tmp_path):
+def test_a_folder_named_without_a_slash_and_resume(cli, tmp_path, monkeypatch, capsys, one_thread):
     _folder(tmp_path / "pets")
     proc = cli("train", "model=resnet18", "data=pets", "epochs=3", "save_period=1", *FAST, "name=r")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -83,9 +85,12 @@ def test_a_folder_named_without_a_slash_and_resume(cli, tmp_path):
     ckpt = torch.load(weights / "epoch1.pt", map_location="cpu", weights_only=True)
     assert ckpt["task"] == "classify" and ckpt["names"] == ["cat", "dog"] and ckpt["config"]["task"] == "classify"
     assert ckpt["hooks"]["ValidationHook"]["best_epoch"] == 0
-    again = cli("train", f"resume={weights / 'epoch1.pt'}")
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "resuming from epoch 2/3" in again.stderr and "top-1" in again.stderr
+    # The resume through the command's entry point in this process (one intra-op thread, as the
+    # real process above); a detector's resume runs as a real process in test_train_cli.py.
+    monkeypatch.chdir(tmp_path)  # data=pets is relative, as the run was given it
+    code, _, err = run_in_process(["train", f"resume={weights / 'epoch1.pt'}"], capsys)
+    assert code == 0, err[-2000:]
+    assert "resuming from epoch 2/3" in err and "top-1" in err
     rows = (tmp_path / "runs/train/r/results.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3"]  # the resumed epochs replace the first run's
 
@@ -145,21 +150,28 @@ def test_bad_classification_data_is_one_line_and_writes_nothing(tmp_path, monkey
     assert said in _one_line_error(tmp_path, monkeypatch, capsys, "model=resnet18", f"data={data}")
 
 
-def test_bench_step_times_a_classifier(cli, tmp_path):
+def test_bench_step_times_a_classifier(tmp_path, monkeypatch, capsys):
+    # The command's entry point in this process, its arm in a real process (`libreyolo bench step`
+    # itself runs as a real process in test_train_cli.py).
     _folder(tmp_path / "pets")
-    proc = cli("bench", "step", "model=resnet18", "data=pets", "batch=4", "imgsz=64", "device=cpu", "arms=eager",
-               "--steps", "3", "--warmup", "1", "--json")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    [record] = json.loads(proc.stdout)
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = run_in_process(["bench", "step", "model=resnet18", "data=pets", "batch=4", "imgsz=64",
+                                        "device=cpu", "arms=eager", "--steps", "3", "--warmup", "1", "--json"], capsys)
+    assert code == 0, err[-2000:]
+    [record] = json.loads(stdout)
     assert record["arch"] == "resnet18" and record["step_ms_median"] > 0
 
 
-def test_profile_run_on_a_classifier(cli, tmp_path):
+def test_profile_run_on_a_classifier(tmp_path, monkeypatch, capsys, one_thread):
+    # The command's entry point in this process (`libreyolo profile run` runs as a real process in
+    # test_profile_cli.py).
     _folder(tmp_path / "pets", per_class=12)
-    proc = cli("profile", "run", "pets", "--weights", "resnet18", "batch=4", "imgsz=64", "device=cpu", "workers=0",
-               "profile_skip=1", "profile_steps=4", "optimizer=sgd", "--json", timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout)
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = run_in_process(["profile", "run", "pets", "--weights", "resnet18", "batch=4", "imgsz=64",
+                                        "device=cpu", "workers=0", "profile_skip=1", "profile_steps=4",
+                                        "optimizer=sgd", "--json"], capsys)
+    assert code == 0, err[-3000:]
+    summary = json.loads(stdout)
     assert summary["arch"] == "resnet18" and summary["verdict"]
 
 

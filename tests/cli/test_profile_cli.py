@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from testkit import shapes_subset
+from testkit import run_in_process, shapes_subset
 
 COMMON = ["device=cpu", "workers=0"]
 
@@ -61,12 +61,17 @@ def test_profile_run_writes_four_files_and_a_copy_reads_back(cli, tmp_path):
     assert not {m for m in imported if m.startswith(("libreyolo.families", "libreyolo.engine", "libreyolo.model"))}
 
 
-def test_profile_repeat_trials_and_numbered_runs(cli, tmp_path):
+def test_profile_repeat_trials_and_numbered_runs(cli, tmp_path, monkeypatch, capsys):
     data = shapes_subset(tmp_path, 8)
     (tmp_path / "runs" / "profile" / "prof").mkdir(parents=True)  # an earlier run: this one is prof2
     tiny = ["imgsz=64", "batch=4", *COMMON, "profile_skip=1", "profile_steps=2"]
-    result = _ok(cli("profile", "run", data, "--weights", "yolov9", "--size", "tiny", "--repeat", "2", *tiny, "--json"))
-    out = json.loads(result.stdout)
+    # The command's entry point in this process, each trial in its real process (the command itself
+    # runs as a real process above).
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = run_in_process(["profile", "run", data, "--weights", "yolov9", "--size", "tiny", "--repeat",
+                                        "2", *tiny, "--json"], capsys)
+    assert code == 0, err[-3000:]
+    out = json.loads(stdout)
     parent = tmp_path / "runs" / "profile" / "prof2"
     assert out["run_dir"] == str(parent.relative_to(tmp_path))
     assert [p.name for p in sorted(parent.iterdir())] == ["prof_1", "prof_2", "profile_repeat.json"]
