@@ -16,6 +16,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = dict(data="shapes", imgsz=64, batch=8, device="cpu", workers=0, amp=False, val=False, log_interval=10)
 
 
+def _small(tmp_path, **kw):
+    """TINY on 16 shapes images (4 to validate): two steps an epoch, for the tests of what an epoch
+    or a run does around its steps (results.csv, timings, checkpoints, resume), not of the steps."""
+    from testkit import shapes_subset
+
+    (tmp_path / "data").mkdir(exist_ok=True)
+    return {**TINY, "data": shapes_subset(tmp_path / "data", 16), **kw}
+
+
 def test_nonfinite_loss_stops_with_one_line_and_keeps_last_good(tmp_path, monkeypatch):
     calls = {"n": 0}
     original = YOLO9Loss.__call__
@@ -82,7 +91,7 @@ def test_deferred_read_back_names_the_interval_the_loss_went_bad_in(tmp_path, mo
 
 def test_results_csv_blank_metrics_on_epochs_without_validation(tmp_path):
     result = LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), eval_interval=2,
-                                        **{**TINY, "val": True})
+                                        **_small(tmp_path, val=True))
     with (result.run_dir / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["map50_95"] != "" for r in rows] == [False, True, True]  # epoch 2 and the last
@@ -101,7 +110,7 @@ def test_family_set_epoch_reason_invalidates_graphs(tmp_path, monkeypatch, caplo
                         ("l1 branch on" if epoch == 1 else None), raising=False)
     monkeypatch.setattr(GraphManager, "invalidate", lambda self, reason: invalidated.append(reason))
     with caplog.at_level(logging.INFO, logger="libreyolo"):
-        LibreYOLO("yolo9-t").train(epochs=2, project=str(tmp_path), **TINY)
+        LibreYOLO("yolo9-t").train(epochs=2, project=str(tmp_path), **_small(tmp_path))
     assert seen == [0, 1] and invalidated == ["l1 branch on"]
     assert "epoch 2: l1 branch on" in caplog.text
 
@@ -110,7 +119,7 @@ def test_resume_of_an_optimizer_state_that_does_not_fit_is_one_line(tmp_path):
     """A checkpoint from before the flat optimizer holds one state entry per parameter."""
     from libreyolo.errors import CheckpointError
 
-    result = LibreYOLO("yolo9-t").train(epochs=2, project=str(tmp_path), **TINY)
+    result = LibreYOLO("yolo9-t").train(epochs=2, project=str(tmp_path), **_small(tmp_path))
     ckpt = torch.load(result.last, weights_only=True)
     ckpt["epoch"] = 0
     group = ckpt["optimizer"]["param_groups"][0]
@@ -140,7 +149,7 @@ def test_a_detached_training_state_shares_no_tensor_with_the_trainer(tmp_path, m
         submit(self, *paths)
 
     monkeypatch.setattr(Trainer, "save_in_background", check)
-    LibreYOLO("yolo9-t").train(epochs=1, project=str(tmp_path), **TINY)
+    LibreYOLO("yolo9-t").train(epochs=1, project=str(tmp_path), **_small(tmp_path))
     assert checked == [True]
 
 
@@ -169,7 +178,7 @@ def test_a_failed_checkpoint_write_stops_the_run_with_one_line(tmp_path, monkeyp
 
     monkeypatch.setattr(C, "save_checkpoint", disk_full_at_first)
     with pytest.raises(WriteError) as err:
-        LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), name="full", **TINY)
+        LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), name="full", **_small(tmp_path))
     last = tmp_path / "full" / "weights" / "last.pt"
     assert str(err.value) == f"cannot write checkpoint {last}: No space left on device (ENOSPC: the disk is full)"
     assert not last.exists()
@@ -191,7 +200,7 @@ def test_run_timings_cover_epochs_validation_and_checkpoints(tmp_path):
 
     assert gc.get_freeze_count() == 0
     result = LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), eval_interval=3, hooks=[Look()],
-                                        **{**TINY, "val": True})
+                                        **_small(tmp_path, val=True))
     assert len(frozen) == 3 and min(frozen) > 100_000 and gc.get_freeze_count() == 0
     t = result.timings
     assert json.loads((result.run_dir / "timings.json").read_text()) == t
@@ -199,7 +208,7 @@ def test_run_timings_cover_epochs_validation_and_checkpoints(tmp_path):
     later = t["epochs_s"][1:]
     assert t["steady_epoch_s"] == pytest.approx(sum(later) / 2, abs=1e-3)  # the median of two
     assert t["first_epoch_overhead_s"] == pytest.approx(t["first_epoch_s"] - t["steady_epoch_s"], abs=1e-3)
-    assert t["validation_s"] > 0 and t["val_img_s"] > 0  # one validation of the 32 val images
+    assert t["validation_s"] > 0 and t["val_img_s"] > 0  # one validation of the 4 val images
     assert t["checkpoint_s"] > 0  # last.pt every epoch, best.pt once
     assert t["created_unix"] <= t["first_step_unix"]
     assert t["train_s"] >= sum(t["epochs_s"]) + t["validation_s"]
@@ -251,7 +260,7 @@ def test_resume_of_a_checkpoint_with_the_best_epoch_at_the_top_level_keeps_it(tm
     validation would otherwise overwrite best.pt with whatever it measures)."""
     from libreyolo.engine import hooks
 
-    result = LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), **TINY)
+    result = LibreYOLO("yolo9-t").train(epochs=3, project=str(tmp_path), **_small(tmp_path))
     ckpt = torch.load(result.last, weights_only=True)
     ckpt["epoch"] = 0
     ckpt["hooks"].pop("ValidationHook")
