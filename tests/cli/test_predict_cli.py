@@ -1,5 +1,6 @@
-"""`libreyolo predict`, the real command: a folder, a video and a classifier's image, --json lines,
-annotated files; every bad input is one line, exit code 2, nothing written."""
+"""`libreyolo predict`: the real command on a folder (--json lines, annotated files), then through
+its entry point in this process a video and a classifier's image; every bad input is one line,
+exit code 2, nothing written."""
 
 import json
 from pathlib import Path
@@ -27,7 +28,7 @@ def _files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-def test_a_folder_to_json_lines_and_annotated_images(cli, tmp_path):
+def test_a_folder_to_json_lines_and_annotated_images(cli, tmp_path, monkeypatch, capsys):
     _images(tmp_path / "imgs")
     r = cli("predict", "model=yolo9-t", "source=imgs", "conf=0.0", "max_det=5", "batch=2", *FAST, "--json")
     assert r.returncode == 0, r.stderr
@@ -39,11 +40,14 @@ def test_a_folder_to_json_lines_and_annotated_images(cli, tmp_path):
         assert Path(tmp_path / d["saved"]).is_file()
     assert _files(tmp_path / "runs" / "predict") == {"exp", "exp/0.png", "exp/1.png", "exp/2.png"}
     assert "random weights" in r.stderr and "done: 3 images" in r.stderr
-    again = cli("predict", "model=yolo9-t", "source=imgs/1.png", "save=false", *FAST)
-    assert again.returncode == 0 and again.stdout.startswith("1.png: ") and "exp2" not in _files(tmp_path / "runs")
+    # The command's entry point in this process (no interpreter and torch start-up), as the other
+    # predict tests below; the run above is the real process.
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_in_process(["predict", "model=yolo9-t", "source=imgs/1.png", "save=false", *FAST], capsys)
+    assert code == 0 and out.startswith("1.png: ") and "exp2" not in _files(tmp_path / "runs"), err
 
 
-def test_a_video_frame_by_frame_into_an_annotated_video(cli, tmp_path):
+def test_a_video_frame_by_frame_into_an_annotated_video(tmp_path, monkeypatch, capsys):
     av = pytest.importorskip("av")
     path = tmp_path / "clip.mp4"
     with av.open(str(path), mode="w") as out:
@@ -53,20 +57,24 @@ def test_a_video_frame_by_frame_into_an_annotated_video(cli, tmp_path):
             frame = av.VideoFrame.from_ndarray(torch.full((48, 64, 3), 40 * i, dtype=torch.uint8).numpy(), format="rgb24")
             out.mux(stream.encode(frame))
         out.mux(stream.encode())
-    r = cli("predict", "model=yolo9-t", "source=clip.mp4", "vid_stride=2", *FAST, "--json")
-    assert r.returncode == 0, r.stderr
-    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_in_process(["predict", "model=yolo9-t", "source=clip.mp4", "vid_stride=2", *FAST, "--json"],
+                                    capsys)
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
     assert [d["frame"] for d in lines] == [0, 2] and {d["source"] for d in lines} == {"clip.mp4"}
     saved = tmp_path / lines[0]["saved"]
     with av.open(str(saved)) as video:
         assert sum(1 for _ in video.decode(video=0)) == 2
 
 
-def test_a_classifier_prints_its_top_classes(cli, tmp_path):
+def test_a_classifier_prints_its_top_classes(tmp_path, monkeypatch, capsys):
     _images(tmp_path / "imgs", 1)
-    r = cli("predict", f"model={CLASSIFIER}", "source=imgs/0.png", "save=false", *FAST, "--json")
-    assert r.returncode == 0, r.stderr
-    (line,) = [json.loads(x) for x in r.stdout.splitlines()]
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_in_process(["predict", f"model={CLASSIFIER}", "source=imgs/0.png", "save=false", *FAST,
+                                     "--json"], capsys)
+    assert code == 0, err
+    (line,) = [json.loads(x) for x in out.splitlines()]
     assert line["task"] == "classify" and len(line["top"]) == 5 and line["class"] == line["top"][0]["class"]
 
 

@@ -15,7 +15,7 @@ def _ok(result):
     return result
 
 
-def test_profile_infer_reports_and_its_directory_reads_back(cli, tmp_path):
+def test_profile_infer_reports_and_its_directory_reads_back(cli, tmp_path, monkeypatch, capsys):
     result = _ok(cli("profile", "infer", "yolo9-t", *TINY))
     run = tmp_path / "runs" / "profile" / "infer"
     for name in ("profile.json", "profile_summary.json", "profile_trace.json", "timeline.html", "args.yaml"):
@@ -29,7 +29,12 @@ def test_profile_infer_reports_and_its_directory_reads_back(cli, tmp_path):
     assert profile["run"]["mode"] == "infer" and profile["window"]["steps"] == 4
     assert [r["phase"] for r in profile["phases"]] == ["data", "h2d", "forward", "postprocess", "other"]
 
-    as_json = json.loads(_ok(cli("profile", "infer", "yolo9-t", *TINY, "workers=0", "--batch", "2", "--json")).stdout)
+    # The second run through the command's entry point in this process (no torch start-up again).
+    monkeypatch.chdir(tmp_path)
+    code, stdout, err = run_in_process(["profile", "infer", "yolo9-t", *TINY, "workers=0", "--batch", "2", "--json"],
+                                       capsys)
+    assert code == 0, err[-3000:]
+    as_json = json.loads(stdout)
     assert as_json["run_dir"] == os.path.join("runs", "profile", "infer2")  # numbered like profile run
     assert (as_json["mode"], as_json["batch"], as_json["workers"], as_json["steps"]) == ("infer", 2, 0, 4)
     written = json.loads((tmp_path / "runs" / "profile" / "infer2" / "profile_summary.json").read_text())
