@@ -79,7 +79,7 @@ def test_python_trains_two_epochs(tmp_path, arch):
 
 def test_a_folder_named_without_a_slash_and_resume(cli, tmp_path, monkeypatch, capsys, one_thread):
     _folder(tmp_path / "pets")
-    proc = cli("train", "model=resnet18", "data=pets", "epochs=3", "save_period=1", *FAST, "name=r")
+    proc = cli("train", "model=mobilenetv4-s", "data=pets", "epochs=3", "save_period=1", *FAST, "name=r")
     assert proc.returncode == 0, proc.stderr[-2000:]
     weights = tmp_path / "runs/train/r/weights"
     ckpt = torch.load(weights / "epoch1.pt", map_location="cpu", weights_only=True)

@@ -138,23 +138,33 @@ def test_python_api(tmp_path, monkeypatch):
     assert metrics["map50_95"] == pytest.approx(result.metrics["map50_95"], abs=1e-6)
 
 
-def test_bench_step_cpu(cli, capsys, monkeypatch, one_thread):
-    result = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "amp=false",
-                 "--steps", "3", "--warmup", "1", "arms=eager,nchw", "--json")
-    assert result.returncode == 0, result.stderr
-    records = json.loads(result.stdout)
-    assert [r["arm"] for r in records] == ["eager", "nchw"]
+def _bench_records(records, arms):
+    assert [r["arm"] for r in records] == arms
     for r in records:
         assert r["step_ms_min"] <= r["step_ms_median"]
         assert r["kernel_busy_ms"] is None and r["utilisation"] is None  # no CUDA here
         assert set(r["synced_ms"]) == {"h2d", "forward", "loss", "backward", "optimizer+ema"}
         assert 0 < r["network_share"] < 1
         assert r["precision"] == "float32" and r["graph"]["enabled"] is False
-    # The table and --repeat through the command's entry point in this process, each arm's run in
-    # this process too (the real arm processes ran above): no interpreter and torch start-up each.
+
+
+def test_bench_step_cpu(cli, capsys, monkeypatch, one_thread):
+    # The real command, its arm in a process of its own.
+    result = cli("bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu", "amp=false",
+                 "--steps", "3", "--warmup", "1", "arms=eager", "--json")
+    assert result.returncode == 0, result.stderr
+    _bench_records(json.loads(result.stdout), ["eager"])
+    # Two arms, the table and --repeat through the command's entry point in this process, each
+    # arm's run in this process too (a real arm process ran above): no interpreter and torch
+    # start-up each.
     from libreyolo import bench
 
     monkeypatch.setattr(bench, "_run_arm_process", bench.run_arm)
+    code, stdout, err = run_in_process(["bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu",
+                                        "amp=false", "--steps", "3", "--warmup", "1", "arms=eager,nchw", "--json"],
+                                       capsys)
+    assert code == 0, err
+    _bench_records(json.loads(stdout), ["eager", "nchw"])
     code, stdout, err = run_in_process(["bench", "step", "model=yolo9-t", "batch=2", "imgsz=64", "device=cpu",
                                         "--steps", "2", "--warmup", "1", "--repeat", "2", "arms=eager"], capsys)
     assert code == 0, err
