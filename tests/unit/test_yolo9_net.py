@@ -39,8 +39,11 @@ def _grouping_difference(model, px):
 
 
 def _gflops(model, px):
+    """FLOPs of one image, counted on the meta device: shapes only, no arithmetic (a 640 px
+    forward of the c size takes 1.5 s on a CPU; the count is the same to the last FLOP)."""
+    model = model.to("meta")
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model.capturable(torch.zeros(1, 3, px, px))
+        model.capturable(torch.zeros(1, 3, px, px, device="meta"))
     return counter.get_total_flops() / 1e9
 
 
