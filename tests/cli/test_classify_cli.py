@@ -155,6 +155,7 @@ def test_bench_step_times_a_classifier(tmp_path, monkeypatch, capsys):
     # itself runs as a real process in test_train_cli.py).
     _folder(tmp_path / "pets")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the arm's process: one intra-op thread, as conftest's command_env
     code, stdout, err = run_in_process(["bench", "step", "model=resnet18", "data=pets", "batch=4", "imgsz=64",
                                         "device=cpu", "arms=eager", "--steps", "3", "--warmup", "1", "--json"], capsys)
     assert code == 0, err[-2000:]

@@ -68,6 +68,7 @@ def test_profile_repeat_trials_and_numbered_runs(cli, tmp_path, monkeypatch, cap
     # The command's entry point in this process, each trial in its real process (the command itself
     # runs as a real process above).
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the trials' processes: one intra-op thread, as conftest's command_env
     code, stdout, err = run_in_process(["profile", "run", data, "--weights", "yolov9", "--size", "tiny", "--repeat",
                                         "2", *tiny, "--json"], capsys)
     assert code == 0, err[-3000:]
