@@ -266,9 +266,9 @@ def checkpoint_difference(a: Path, b: Path) -> tuple[float, float, float]:
 MAX_WEIGHT, MAX_STAT, MAX_UPDATE = 1e-5, 1e-3, 1e-2
 
 
-def checkpoints_close(a: Path, b: Path) -> str | None:
+def checkpoints_close(a: Path, b: Path, max_stat: float = MAX_STAT, max_update: float = MAX_UPDATE) -> str | None:
     weights, stats, update = checkpoint_difference(a, b)
-    if weights < MAX_WEIGHT and stats < MAX_STAT and update < MAX_UPDATE:
+    if weights < MAX_WEIGHT and stats < max_stat and update < max_update:
         return None
     return f"parameters {weights:.3g} apart, running statistics {stats:.3g}, updates {update:.3g}"
 

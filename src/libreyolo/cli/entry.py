@@ -12,6 +12,8 @@ the modules are still torn down, so open files are flushed and closed as before.
 
 from __future__ import annotations
 
+import gc  # here, not at exit: an import then would print after the last line under -X importtime
+
 
 def main(argv: list[str] | None = None) -> None:
     from ..signals import install
@@ -32,6 +34,4 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(argv)
     finally:
-        import gc
-
         gc.freeze()
