@@ -39,6 +39,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "float16": {"amp": True, "amp_dtype": "float16"},
     "bfloat16": {"amp": True, "amp_dtype": "bfloat16"},
     "graph": {"cuda_graph": True},
+    "full": {"cuda_graph": "full"},
     "nchw": {"channels_last": False},
     "nhwc": {"channels_last": True},
 }
@@ -275,6 +276,7 @@ def run_arm(workdir: Path, arm: str, steps: int, warmup: int) -> dict[str, Any]:
         "captured_share": None if captured is None else captured / max(sum(phases.values()), 1e-9),
         "peak_mem_mb": peak_mb,
         "graph": ctx.graphs.stats(),  # replayed vs eager steps
+        "whole_step": None if ctx.whole is None else ctx.whole.stats(),  # cuda_graph=full's graphs
         "stage_seconds": {k: round(v, 2) for k, v in stage_s.items()},  # where the arm's wall time went
     }
 

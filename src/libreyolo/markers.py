@@ -30,6 +30,18 @@ def set_recorder(recorder: Any) -> None:
     _recorder = recorder
 
 
+@contextlib.contextmanager
+def suspended():
+    """No recorder inside: a CUDA graph's capture runs the step's code once, and a recorder's
+    synchronising measurement is not allowed (nor meaningful) during a capture."""
+    global _recorder
+    saved, _recorder = _recorder, None
+    try:
+        yield
+    finally:
+        _recorder = saved
+
+
 def phase(name: str) -> contextlib.AbstractContextManager:
     if _recorder is None:
         return _NULL

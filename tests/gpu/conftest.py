@@ -26,8 +26,8 @@ import pytest
 
 LANES = {
     # CUDA graphs against eager, the step's host syncs and scaler, every family's step and predict
-    "train": ("test_graphs_gpu.py", "test_step_gpu.py", "test_families_gpu.py", "test_rtmdet_gpu.py",
-              "test_elastic_gpu.py"),  # the last skips on a machine with one GPU
+    "train": ("test_graphs_gpu.py", "test_fullstep_gpu.py", "test_step_gpu.py", "test_families_gpu.py",
+              "test_rtmdet_gpu.py", "test_elastic_gpu.py"),  # the last skips on a machine with one GPU
     # the classifiers, the DETRs, the segmenters and the point detector, each through its own file
     "models": ("test_classifiers_gpu.py", "test_detr_gpu.py", "test_lingbot_gpu.py", "test_points_gpu.py",
                "test_segment_gpu.py"),

@@ -245,7 +245,7 @@ def test_unsupported_runs_log_one_line_and_use_the_plain_module(libreyolo_log, c
                                    PRECISION, backend=FakeBackend())
     assert manager.step_callable is MODEL.capturable
     [line] = lines(libreyolo_log)
-    assert expected in line and line.startswith("cuda_graph=True ignored: ")
+    assert expected in line and line.startswith("cuda_graph=true ignored: ")
     assert manager.stats()["enabled"] is False and expected in manager.stats()["fallback_reason"]
     for _ in range(4):
         step(manager, images())  # still usable as a pass-through

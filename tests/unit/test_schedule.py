@@ -89,6 +89,17 @@ def test_adamw_beta1_is_not_warmed_up():
         assert opt.param_groups[0]["betas"] == (pytest.approx(0.9), 0.999)
 
 
+def test_momentum_is_settled_after_sgds_warmup_and_always_for_adamw():
+    """cuda_graph=full captures the update once the momentum it bakes in stops changing."""
+    opt, sched = make(cfg())  # 3 warmup epochs of 50 batches
+    assert [sched.momentum_settled(i) for i in (0, 149, 150, 10_000)] == [False, False, True, True]
+    assert sched.momentum_at(3, 0) == sched.momentum_at(9, 49)  # nothing changes it after that
+    _, sched = make(cfg(warmup_momentum=0.937))
+    assert sched.momentum_settled(0)
+    _, sched = make(cfg(optimizer="adamw", lr0=0.001, momentum=0.9))
+    assert sched.momentum_settled(0)
+
+
 @pytest.mark.parametrize("steps,expected", [(500, "adamw"), (10_000, "adamw"), (10_001, "sgd")])
 def test_optimizer_auto(steps, expected):
     from dataclasses import replace

@@ -17,6 +17,7 @@ from torch import nn
 from ..config import TrainConfig
 from ..errors import CheckpointError
 from ..families.base import FamilySpec
+from . import fullstep
 from .ema import ModelEMA
 from .graphs import GraphManager
 from .optim import build_optimizer, resolve_auto
@@ -88,11 +89,19 @@ def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, d
     # those few gradients, not one per parameter.
     optimizer = build_optimizer(model, cfg, device_type=device.type,
                                 backbone=family.backbone(model) if family.backbone is not None else None)
-    return StepContext(model=model, capturable=graphs.step_callable, criterion=family.criterion(model, cfg),
-                       optimizer=optimizer, precision=precision,
-                       params=[p for group in optimizer.param_groups for p in group["params"]],
-                       clip_grad=cfg.clip_grad, ema=ema, device=device, channels_last=cfg.channels_last,
-                       graphs=graphs)
+    ctx = StepContext(model=model, capturable=graphs.step_callable, criterion=family.criterion(model, cfg),
+                      optimizer=optimizer, precision=precision,
+                      params=[p for group in optimizer.param_groups for p in group["params"]],
+                      clip_grad=cfg.clip_grad, ema=ema, device=device, channels_last=cfg.channels_last,
+                      graphs=graphs)
+    if cfg.cuda_graph == fullstep.FULL and graphs.enabled:  # else the manager said why it is off
+        reason = fullstep.unsupported_reason(ctx, family)
+        if reason is not None:
+            log.info(f"cuda_graph=full: {reason}; training with cuda_graph=true")
+        else:
+            ctx.whole = fullstep.WholeStep(ctx, name=family.display, on_fallback=lambda _: setattr(graphs, "hold", False))
+            graphs.hold = True  # whole-step graphs stand in for the network's
+    return ctx
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:

@@ -3,7 +3,9 @@
 `ema = d * ema + (1 - d) * model` with `d = decay * (1 - exp(-updates / tau))`: the ramp lets
 the average follow the fast-moving early weights instead of remembering the random init.
 `d` is a Python float computed from a host-side counter, so an update never syncs with the GPU
-and costs a few fused kernel launches whatever the number of tensors.
+and costs a few fused kernel launches whatever the number of tensors. A captured update
+(`cuda_graph=full`) takes `1 - d` as a device scalar instead, which its host writes before each
+replay, and counts the update itself.
 """
 
 from __future__ import annotations
@@ -47,18 +49,29 @@ class ModelEMA:
         return self.decay * (1.0 - math.exp(-n / self.tau))
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
-        """Blend the weights of `model` (the one trained) into the average."""
+    def update(self, model: nn.Module, weight: Tensor | None = None) -> None:
+        """Blend the weights of `model` (the one trained) into the average.
+
+        `weight`: `1 - d` as a 0-d device tensor, for a captured update; its caller counts the
+        update (`updates`) and writes the weight before each replay (the default: this count's).
+        """
         model = unwrap(model)
         if model is not self._source:
             self._pairs = self._pair_tensors(model)
             self._source = model
         ema_float, model_float, ema_other, model_other = self._pairs
-        self.updates += 1
-        weight = 1.0 - self.current_decay()
-        if ema_float:
-            # lerp: ema += (model - ema) * (1 - d), one fused kernel per device/dtype group.
-            torch._foreach_lerp_(ema_float, model_float, weight)
+        if weight is None:
+            self.updates += 1
+            weight = 1.0 - self.current_decay()
+            if ema_float:
+                # lerp: ema += (model - ema) * (1 - d), one fused kernel per device/dtype group.
+                torch._foreach_lerp_(ema_float, model_float, weight)
+        elif ema_float:
+            # The same blend with the weight on the device (foreach lerp takes a host scalar or
+            # one weight tensor per tensor): ema += (model - ema) * w.
+            step = torch._foreach_sub(model_float, ema_float)
+            torch._foreach_mul_(step, weight)
+            torch._foreach_add_(ema_float, step)
         if ema_other:
             # Integer buffers (BatchNorm's num_batches_tracked) are counters, not averages.
             torch._foreach_copy_(ema_other, model_other)

@@ -106,6 +106,9 @@ class GraphManager:
         self.backend = backend if backend is not None else CudaGraphBackend()
         self.capture_after, self.max_graphs = int(capture_after), int(max_graphs)
         self.requested = True            # False: cuda_graph=False, the manager is a pass-through
+        # True while cuda_graph=full's whole-step graphs (engine/fullstep.py) stand in: a call runs
+        # the module, uncounted, so the same shapes are not captured twice.
+        self.hold = False
         self.fallback_reason: str | None = None  # set when graphs are off for the rest of the run
         self._graphs: dict[tuple, Graphed] = {}
         self._seen: dict[tuple, int] = {}
@@ -125,14 +128,15 @@ class GraphManager:
         if not getattr(cfg, "cuda_graph", False):
             return cls.off(module, None)
         reason = unsupported_reason(model, family, device)
+        asked = "full" if cfg.cuda_graph == "full" else "true"
         if reason == MULTI_PROCESS:
-            log.info(f"cuda_graph=true: {reason} ({_world_size()} processes); training eager")
+            log.info(f"cuda_graph={asked}: {reason} ({_world_size()} processes); training eager")
             return cls.off(module, reason)
         if reason is not None:
-            log.info(f"cuda_graph=True ignored: {reason}; training eager")
+            log.info(f"cuda_graph={asked} ignored: {reason}; training eager")
             return cls.off(module, reason)
         if getattr(cfg, "multi_scale", False):
-            log.info(f"cuda_graph=true with multi_scale=true: a batch of a size seen fewer than {CAPTURE_AFTER} "
+            log.info(f"cuda_graph={asked} with multi_scale=true: a batch of a size seen fewer than {CAPTURE_AFTER} "
                      f"times runs eager and only {MAX_GRAPHS} size is captured, so a short run may never "
                      "capture; multi_scale=false trains every step graphed")
         return cls(module, autocast=precision.autocast, backend=backend, note=getattr(model, "graph_note", None))
@@ -158,7 +162,7 @@ class GraphManager:
     def __call__(self, images: Tensor) -> tuple[Tensor, ...]:
         # Graphs hold the training-mode, grad-enabled computation only; eval and no_grad (and
         # inference_mode) calls are plain module calls and are not counted.
-        if not (self.requested and self.module.training and torch.is_grad_enabled()):
+        if self.hold or not (self.requested and self.module.training and torch.is_grad_enabled()):
             return self.module(images)
         if self.fallback_reason is None:
             key = input_key(images)

@@ -108,6 +108,12 @@ class LRSchedule:
             return self.momentum
         return _interp(i, self.warmup_batches, self.warmup_momentum, self.momentum)
 
+    def momentum_settled(self, iteration: int) -> bool:
+        """Whether SGD's momentum stays what it is at global batch `iteration` for the rest of the
+        run: always for AdamW (its beta1 is not scheduled), after the warmup for SGD."""
+        ramped = any("momentum" in g and "betas" not in g for g in self.optimizer.param_groups)
+        return not ramped or self.warmup_momentum == self.momentum or int(iteration) >= self.warmup_batches
+
     def accumulate_at(self, epoch: int, batch_index: int) -> int:
         """Batches to accumulate per optimizer step: ramps from 1 to `accumulate` during warmup."""
         i = self._global(epoch, batch_index)

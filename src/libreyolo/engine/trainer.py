@@ -110,6 +110,8 @@ class Trainer:
         self.optimizer, self.precision, self.ema, self.criterion, self.graphs = (
             self.ctx.optimizer, self.ctx.precision, self.ctx.ema, self.ctx.criterion, self.ctx.graphs)
         self.schedule = LRSchedule(self.optimizer, cfg, self.steps_per_epoch, cfg.accumulate)
+        if self.ctx.whole is not None:  # a captured update bakes SGD's momentum in: not while it ramps
+            self.ctx.whole.ready = lambda: self.schedule.momentum_settled(self.iteration)
         self.hooks: list[Hook] = list(hooks) if w.main else []
         self.start_epoch, self.epoch, self.batch_index, self.iteration = 0, 0, 0, 0
         self.start_batch = 0  # a resume from a mid-epoch checkpoint: the first batch of start_epoch
@@ -209,6 +211,8 @@ class Trainer:
         if reason:
             log.info(f"epoch {self.epoch + 1}: {reason}")
             self.graphs.invalidate(reason)
+            if self.ctx.whole is not None:
+                self.ctx.whole.invalidate(reason)
 
     def run_epoch(self, first: int = 0) -> None:
         """The epoch's steps from batch `first` (0, or where a mid-epoch checkpoint left it)."""

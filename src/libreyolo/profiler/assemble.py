@@ -287,8 +287,13 @@ def _graph_state(trainer) -> dict:
         return {"enabled": False, "replayed_steps": 0, "pool_mb": None}
     s = graphs.stats()
     pool = s.get("pool_mb")
-    return {"enabled": bool(s.get("enabled", True)), "replayed_steps": int(s.get("replayed_steps", 0)),
-            "pool_mb": None if pool is None else float(pool)}
+    state = {"enabled": bool(s.get("enabled", True)), "replayed_steps": int(s.get("replayed_steps", 0)),
+             "pool_mb": None if pool is None else float(pool)}
+    whole = getattr(getattr(trainer, "ctx", None), "whole", None)
+    if whole is not None:  # cuda_graph=full: its replays are whole steps (the network manager is held)
+        w = whole.stats()
+        state.update(whole_step=bool(w["enabled"]), replayed_steps=state["replayed_steps"] + w["replayed_steps"])
+    return state
 
 
 def cache_mode(trainer) -> str | bool:

@@ -1,0 +1,160 @@
+"""cuda_graph=full on a real GPU: the whole step captured and replayed against the eager step.
+
+Both runs start from the same weights and see the same batches, with deterministic cuDNN, so the
+captured kernels are the eager step's own and the runs should agree to rounding. Two known
+differences: the replayed update reads its LR from a float32 tensor (the LRs here are float32
+numbers, so that is exact), and the EMA blends with a device weight instead of lerp (rounding).
+The batches carry 3, 12 and 20 boxes an image, so three box buckets (8, 16 and 32 slots) are
+captured and the 20-box batches are padded.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from testkit import synthetic_batch
+
+from libreyolo.config import build_config
+from libreyolo.data.loader import Batch, pad_targets
+from libreyolo.engine.builder import build_step_context
+from libreyolo.engine.step import train_step
+from libreyolo.families import get_family
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("deterministic_cudnn")]
+
+DEVICE = torch.device("cuda")
+RTOL = 1e-5
+COUNTS = [3, 12, 3, 20, 12, 3, 20, 12, 3, 20, 3, 12, 20, 3, 12, 20]
+
+
+def _batch(seed: int, boxes: int, b: int = 8, size: int = 256) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 255, (b, 3, size, size), dtype=torch.uint8, generator=g)
+    xy = torch.rand(b, boxes, 2, generator=g) * size * 0.6
+    wh = torch.rand(b, boxes, 2, generator=g) * size * 0.3 + 8
+    labels = torch.randint(0, 10, (b, boxes), generator=g)
+    targets = pad_targets([torch.cat([xy[i], xy[i] + wh[i]], -1).numpy() for i in range(b)],
+                          [labels[i].numpy() for i in range(b)])
+    return Batch(images.pin_memory(), targets._replace(**{k: v.pin_memory() for k, v in targets._asdict().items()}))
+
+
+def _contexts(family="yolo9", size="t", amp=True, amp_dtype="float16", optimizer="adamw", channels_last=True):
+    """(eager context, whole-step context) from the same initial weights."""
+    spec = get_family(family)
+    cfg = build_config({"model": f"{family}-{size}", "amp": amp, "amp_dtype": amp_dtype, "batch": 8, "imgsz": 256,
+                        "optimizer": optimizer, "lr0": 0.001, "channels_last": channels_last}, spec.defaults)
+    torch.manual_seed(0)
+    init = spec.build(size, 10).state_dict()
+    out = []
+    for graph in (False, "full"):
+        model = spec.build(size, 10)
+        model.load_state_dict(init)
+        model = model.to(DEVICE).train()
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        out.append(build_step_context(dataclasses.replace(cfg, cuda_graph=graph), spec, model, DEVICE))
+    eager, whole = out
+    assert eager.whole is None and whole.whole is not None and whole.graphs.hold
+    return eager, whole
+
+
+def _flat(tensors):
+    return torch.cat([t.detach().float().flatten() for t in tensors])
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def _train(eager, whole, counts=COUNTS, lr_base=0.001):
+    worst = 0.0
+    for i, boxes in enumerate(counts):
+        batch = _batch(i % 5, boxes)
+        for ctx in (eager, whole):
+            for group in ctx.optimizer.param_groups:  # as the schedule does, a float32 number
+                group["lr"] = float(torch.tensor(lr_base * (1 + i % 4) / 4, dtype=torch.float32))
+        update = i % 2 == 1  # two micro-batches per update: accumulation through replays
+        a = train_step(eager, batch, update)
+        b = train_step(whole, batch, update)
+        worst = max(worst, float(((a - b).abs() / a.abs().clamp_min(1e-6)).max()))
+        torch.testing.assert_close(b, a, rtol=RTOL, atol=1e-5, msg=f"step {i}")
+    return worst
+
+
+@pytest.mark.parametrize("amp, amp_dtype, optimizer", [
+    (False, "float16", "adamw"), (True, "float16", "adamw"), (True, "bfloat16", "adamw"), (True, "float16", "sgd")])
+def test_the_whole_step_replayed_trains_as_eager(amp, amp_dtype, optimizer):
+    eager, whole = _contexts(amp=amp, amp_dtype=amp_dtype, optimizer=optimizer)
+    init = _flat(eager.params)
+    worst = _train(eager, whole)
+    update_rel = _rel(_flat(whole.params) - init, _flat(eager.params) - init)
+    ema_rel = _rel(_flat(whole.ema.ema.parameters()), _flat(eager.ema.ema.parameters()))
+    stats = whole.whole.stats()
+    print(f"\n[{amp_dtype if amp else 'float32'} {optimizer}] worst loss-item rel diff {worst:.2e}, weight-update "
+          f"rel L2 {update_rel:.2e}, EMA rel L2 {ema_rel:.2e}, skipped {whole.precision.skipped_steps()} / "
+          f"{eager.precision.skipped_steps()}, stats {stats}")
+    assert update_rel < RTOL and ema_rel < RTOL
+    assert whole.precision.skipped_steps() == eager.precision.skipped_steps()
+    assert stats["enabled"] and stats["update_captured"] and len(stats["buckets"]) == 3
+    # Each bucket's first three sightings run eager (the third one captures, then replays).
+    assert stats["eager_steps"] == 6 and stats["replayed_steps"] == len(COUNTS) - 6
+    assert whole.ema.updates == eager.ema.updates
+
+
+@pytest.mark.parametrize("family, size", [("yolox", "t"), ("rtmdet", "t"), ("yolo7", "t"), ("yolonas", "s")])
+def test_other_families_whole_step_matches_eager(family, size):
+    eager, whole = _contexts(family, size, amp_dtype="bfloat16")
+    init = _flat(eager.params)
+    _train(eager, whole, counts=COUNTS[:10])
+    update_rel = _rel(_flat(whole.params) - init, _flat(eager.params) - init)
+    stats = whole.whole.stats()
+    print(f"\n[{family}-{size} bfloat16] weight-update rel L2 {update_rel:.2e}, stats {stats}")
+    assert stats["enabled"] and stats["replayed_steps"] > 0, stats
+    assert update_rel < RTOL
+
+
+def test_replayed_whole_steps_are_sync_free():
+    _, whole = _contexts()
+    batches = [synthetic_batch(seed=i) for i in range(4)]
+    for batch in batches:  # capture (eager sightings, the capture's own checks)
+        train_step(whole, batch, update=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for batch in batches:
+            items = train_step(whole, batch, update=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(items).all()
+    assert whole.whole.stats()["replayed_steps"] >= 5
+
+
+def test_a_host_read_in_the_loss_falls_back_to_network_graphs(caplog):
+    eager, whole = _contexts()
+    criterion = whole.whole.ctx.criterion
+
+    def reads_the_host(preds, targets):
+        loss, items = criterion(preds, targets)
+        float(loss)  # a host read: a replay could not repeat it
+        return loss, items
+
+    whole.whole.ctx.criterion = reads_the_host
+    for i in range(6):
+        items = train_step(whole, synthetic_batch(seed=i), update=True)
+        train_step(eager, synthetic_batch(seed=i), update=True)
+    stats = whole.whole.stats()
+    print(f"\nfallback: {stats['fallback_reason']}; network graphs {whole.graphs.stats()}")
+    assert not stats["enabled"] and "a host read of a device value" in stats["fallback_reason"]
+    assert not whole.graphs.hold and whole.graphs.stats()["replayed_steps"] > 0  # cuda_graph=true took over
+    assert torch.isfinite(items).all()
+    torch.testing.assert_close(_flat(whole.params), _flat(eager.params), rtol=1e-4, atol=1e-5)
+
+
+def test_the_detrs_fall_back_to_encoder_graphs_with_one_line(caplog):
+    """RT-DETR's denoising reads the batch's box count on the host: the check stops the capture."""
+    _, whole = _contexts("rtdetr", "r18", channels_last=False)
+    for i in range(4):
+        assert torch.isfinite(train_step(whole, synthetic_batch(seed=i), update=True)).all()
+    reason = whole.whole.stats()["fallback_reason"]
+    print(f"\nRT-DETR: {reason}")
+    assert reason is not None and "cannot be captured" in reason
