@@ -44,6 +44,9 @@
 #   bench-detr       bench step for the DETRs (DETR_MODELS, default every one) at batches DETR_BATCHES
 #                    (default 2 4 8), 640: float16 eager and graphed, fp32 where the family's recipe
 #                    trains without AMP (D-FINE, DEIM, RT-DETRv4); 16 steps after 6 warm-up
+#   handoff          the eager step with gradients handed over (optim.GradHandoff) against autograd's
+#                    per-parameter adds: YOLOv9-t, YOLOX-t, RTMDet-t at batch 8, 640, fp32
+#                    (benchmarks/grad_handoff.py), handoff/MODEL.json
 #   assign           the Hungarian solvers at 8 images x 1-7 output sets x 10-100 targets x 300 queries
 #                    (benchmarks/assign_bench.py)
 #   train-detr       every DETR (DETR_MODELS) from scratch on the 800/100 generated set at DETR_IMGSZ
@@ -225,6 +228,12 @@ stage_run() {
           && arms=fp32,fp32+graph
         matrix "step_$m" --models "$m" --batches ${DETR_BATCHES:-2 4 8} --arms $arms --steps 16 --warmup 6
         cat "$out/step_$m.md"
+      done ;;
+    handoff)
+      mkdir -p "$out/handoff"
+      for m in yolo9-t yolox-t rtmdet-t; do
+        python3 benchmarks/grad_handoff.py --device cuda --model "$m" --batch 8 --imgsz 640 --steps 40 \
+          --json "$out/handoff/$m.json" | tail -12
       done ;;
     assign)
       python3 benchmarks/assign_bench.py --device cuda --sets 1,4,7 --boxes 10,37,100 --out "$out/assign_bench.json" \

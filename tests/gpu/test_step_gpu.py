@@ -145,3 +145,27 @@ def test_the_checkpoint_copy_of_a_cuda_state_is_exact_and_leaves_in_a_few_transf
         assert got.device.type == "cpu" and got.dtype == want.dtype and torch.equal(got, want.cpu())
     on_gpu = sum(t.is_cuda for t in flat_live)
     assert sum(transfers) == on_gpu and len(transfers) <= 8, transfers
+
+
+@pytest.mark.usefixtures("deterministic_cudnn")
+@pytest.mark.parametrize("amp_dtype", ["float16", "bfloat16"])
+def test_handed_over_gradients_train_as_autograds_own_adds(amp_dtype):
+    """The eager step's GradHandoff (on for CUDA runs without graphs): the same weights over 8 steps
+    of two micro-batches each as the step without it."""
+    import copy
+
+    handed, model = _ctx(amp_dtype=amp_dtype)
+    assert handed.handoff is not None
+    spec = get_family("yolo9")
+    plain = build_step_context(build_config({"model": "yolo9-t", "amp": True, "amp_dtype": amp_dtype, "batch": 8,
+                                             "imgsz": 256}), spec, copy.deepcopy(model), torch.device("cuda"))
+    plain.handoff = None
+    for a, b in zip(handed.params, plain.params):
+        b.data.copy_(a.data)
+    for i in range(16):
+        batch = _batch(seed=i % 4)
+        x = train_step(handed, batch, update=i % 2 == 1)
+        y = train_step(plain, batch, update=i % 2 == 1)
+        assert torch.equal(x, y), f"step {i}"
+    for a, b in zip(handed.params, plain.params):
+        assert torch.equal(a, b)

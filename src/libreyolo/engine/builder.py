@@ -20,7 +20,7 @@ from ..families.base import FamilySpec
 from . import fullstep
 from .ema import ModelEMA
 from .graphs import GraphManager
-from .optim import build_optimizer, resolve_auto
+from .optim import GradHandoff, build_optimizer, resolve_auto
 from .precision import Precision
 from .step import StepContext
 
@@ -94,6 +94,11 @@ def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, d
                       params=[p for group in optimizer.param_groups for p in group["params"]],
                       clip_grad=cfg.clip_grad, ema=ema, device=device, channels_last=cfg.channels_last,
                       graphs=graphs)
+    if not graphs.enabled and device.type == "cuda":
+        # A run without graphs never gets them: its backward hands the gradients over, saving a
+        # kernel launch per parameter (on a CPU an add is no launch, and the handoff's Python loop
+        # made the step 3 % slower: benchmarks/results/grad_handoff_cpu2core.json).
+        ctx.handoff = GradHandoff(optimizer)
     if cfg.cuda_graph == fullstep.FULL and graphs.enabled:  # else the manager said why it is off
         reason = fullstep.unsupported_reason(ctx, family)
         if reason is not None:

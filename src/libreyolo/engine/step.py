@@ -41,6 +41,7 @@ class StepContext:
     graphs: Any = None  # the GraphManager behind `capturable` (stats, invalidate)
     ddp: Any = None     # DistributedDataParallel around the training forward, under multi-process training
     whole: Any = None   # cuda_graph=full: the WholeStep (engine/fullstep.py) that replays captured steps
+    handoff: Any = None  # optim.GradHandoff: the eager backward's gradients added in one call (no graphs)
 
 
 def train_step(ctx: StepContext, batch, update: bool) -> torch.Tensor:
@@ -60,10 +61,18 @@ def train_step(ctx: StepContext, batch, update: bool) -> torch.Tensor:
     # Under DDP a micro-batch that does not step the optimizer keeps its gradients local
     # (no_sync); the one that steps all-reduces the accumulated sum during its backward.
     local = ctx.ddp.no_sync() if ctx.ddp is not None and not update else contextlib.nullcontext()
+    handoff = ctx.handoff if ctx.ddp is None else None
     with local:
         loss, loss_items = forward_loss(ctx, images, targets)
         with phase("backward"):
-            ctx.precision.backward(loss)
+            if handoff is None:
+                ctx.precision.backward(loss)
+            else:
+                handoff.release()
+                try:
+                    ctx.precision.backward(loss)
+                finally:
+                    handoff.collect()
     if update:
         apply_update(ctx)
     return loss_items
