@@ -83,13 +83,17 @@ def capture_support_markdown() -> str:
     # Multi-GPU (DDP) runs train eager in every family (engine/graphs.py, MULTI_PROCESS).
     # Inference (predict cuda_graph=true) captures model.predict whole, where training captures
     # anything at all: there is no backward, loss or optimizer to keep out (predict/graph.py).
-    rows = ["| family | task | training: CUDA-graph region | multi-GPU (DDP) | inference (`predict`) | note |",
-            "|---|---|---|---|---|---|"]
+    # cuda_graph=full captures the whole step where the family's plan has no `whole` reason, and
+    # trains as `true` (saying the reason) where it has one (engine/fullstep.py).
+    rows = ["| family | task | training: `cuda_graph=true` region | `cuda_graph=full` | multi-GPU (DDP) | inference "
+            "(`predict`) | note (`true`) |",
+            "|---|---|---|---|---|---|---|"]
     for spec in REGISTRY.values():
         plan = spec.capture
         region = plan.region if plan.region in ("network", "encoder") else "eager"
         note = plan.note if region != "eager" else plan.reason
         infer = "network + decode" if region != "eager" else "eager"
+        whole = "eager" if region == "eager" else f"as `true`: {plan.whole}" if plan.whole else "whole step"
         for task in spec.tasks:
-            rows.append(f"| {spec.display} | {task} | {region} | eager | {infer} | {_cell(note)} |")
+            rows.append(f"| {spec.display} | {task} | {region} | {_cell(whole)} | eager | {infer} | {_cell(note)} |")
     return "\n".join(rows) + "\n"

@@ -50,6 +50,7 @@ from .. import markers
 from ..families.base import Targets
 from .capture_check import CaptureCheck
 from .graphs import CAPTURE_AFTER, _buffers_restored, _capture_kwargs, _one_line, _stream_restored
+from .graphs import unsupported_reason as network_reason
 from .step import StepContext, apply_update, forward_loss, prepare_images
 
 log = logging.getLogger("libreyolo")
@@ -82,11 +83,11 @@ class Capturer(Protocol):
 
 def unsupported_reason(ctx: StepContext, family: Any) -> str | None:
     """Why this run cannot capture its whole step (then it trains with cuda_graph=true), or None."""
-    from .graphs import unsupported_reason as network_reason
-
     reason = network_reason(ctx.model, family, ctx.device)
     if reason is not None:
         return reason
+    if family.capture.whole:
+        return f"{family.display}'s step cannot be captured whole: {family.capture.whole}"
     if not all(group.get("fused") for group in ctx.optimizer.param_groups):
         return "the update graph needs a fused optimizer step, and this torch has none for it"
     return None

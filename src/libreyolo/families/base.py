@@ -69,11 +69,22 @@ def backbone_of(model: nn.Module) -> nn.Module:
 class CapturePlan:
     """What CUDA graphs may capture for a family: 'network', 'encoder' or 'none' (with a reason).
 
-    `note` is the user-facing remark in the support matrix (docs/training-performance.md)."""
+    `note` is the user-facing remark in the support matrix (docs/training-performance.md).
+    `whole`: why `cuda_graph=full` cannot capture the family's whole step (it trains with the
+    region above, saying this), or "" when it can; tests/unit/test_fullstep.py runs every family's
+    step under the capture check and holds the two to agree."""
 
     region: str
     reason: str = ""
     note: str = ""
+    whole: str = ""
+
+
+# The DETRs' reasons for `CapturePlan.whole` (their denoising and matching live in families/detr/).
+MATCHER_HOST_READ = ("the Hungarian matcher's solver reads two flags on the host on CUDA "
+                     "(families/detr/matcher.py)")
+DENOISING_HOST_READ = ("the denoising sizes its query groups by the batch's largest box count, read on the "
+                       "host (families/detr/denoise.py), and " + MATCHER_HOST_READ)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import CapturePlan, FamilySpec, backbone_of
+from ..base import DENOISING_HOST_READ, CapturePlan, FamilySpec, backbone_of
 from .loss import criterion
 from .net import build
 
@@ -52,5 +52,6 @@ SPEC = FamilySpec(
         "backbone + encoder (the LiteEncoder of atto/femto/pico, n's hybrid encoder); query "
         "selection, denoising, the FDR decoder, Hungarian matching and loss stay eager: the "
         "denoising query count follows the batch's largest box count (a new shape per step) and "
-        "the matcher solves on the host or in a data-dependent kernel")),
+        "the matcher solves on the host or in a data-dependent kernel"),
+        whole=DENOISING_HOST_READ),
 )
