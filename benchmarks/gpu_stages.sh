@@ -40,7 +40,8 @@
 #   whatif           `profile what-if` validated: for WHATIF_MODELS (default yolo9-t yolox-t rtmdet-t) at
 #                    WHATIF_BATCHES (default 2 8), float16 at 640, the graphed step predicted from an eager
 #                    `profile run` window against the one `bench step` measures (benchmarks/whatif_validate.py):
-#                    whatif/whatif_validate.json (+ .md) and each eager profile.json in whatif/profiles/
+#                    whatif/whatif_validate.json (+ .md) and each eager profile.json in whatif/profiles/;
+#                    WHATIF_LEVER=full validates cuda_graph=full against float16+full (whatif_validate_full.*)
 #   bench-detr       bench step for the DETRs (DETR_MODELS, default every one) at batches DETR_BATCHES
 #                    (default 2 4 8), 640: float16 eager and graphed, fp32 where the family's recipe
 #                    trains without AMP (D-FINE, DEIM, RT-DETRv4); 16 steps after 6 warm-up
@@ -215,10 +216,11 @@ stage_run() {
       done ;;
     whatif)
       mkdir -p "$out/whatif"
+      lever=${WHATIF_LEVER:-graph}; tag=$([ "$lever" = graph ] && echo "" || echo "_$lever")
       python3 benchmarks/whatif_validate.py --models ${WHATIF_MODELS:-yolo9-t yolox-t rtmdet-t} \
-        --batches ${WHATIF_BATCHES:-2 8} --work /tmp/whatif --out "$out/whatif/whatif_validate.json" \
-        > "$out/whatif/whatif_validate.md"
-      cat "$out/whatif/whatif_validate.md" ;;
+        --batches ${WHATIF_BATCHES:-2 8} --lever "$lever" --work /tmp/whatif \
+        --out "$out/whatif/whatif_validate$tag.json" > "$out/whatif/whatif_validate$tag.md"
+      cat "$out/whatif/whatif_validate$tag.md" ;;
     bench-families-bs)
       matrix step_families_b2_b32 --models yolox-t rtmdet-t --batches 2 32 --arms float16,float16+graph ;;
     bench-detr)

@@ -11,6 +11,7 @@ Per (model, batch), float16 at 640 on the built-in shapes set:
    terms it rests on (host time without the captured region, kernel busy);
 3. `bench step` with the float16+graph arm (its own process): the measured graphed step, the
    median of --bench-steps steps after --bench-warmup (the capture is the third).
+With `--lever full` the prediction is cuda_graph=full's and the arm float16+full (whole-step graphs).
 error = (predicted - measured) / measured. Each case's profile.json is copied to the output's
 folder (profiles/<model>_b<batch>.json), so a case can be read again (`profile what-if` on it) or
 kept as a fixture. The JSON is rewritten after every case: a time-boxed device call keeps what finished.
@@ -28,9 +29,10 @@ from pathlib import Path
 
 from libreyolo.bench import bench_step
 from libreyolo.profiler.artifacts import load_profile
-from libreyolo.profiler.whatif import GRAPH, what_if
+from libreyolo.profiler.whatif import FULL, GRAPH, what_if
 
 TARGET = 0.15  # the target: within 15 % of the measured graphed step
+LEVERS = {"graph": (GRAPH, "float16+graph", "graph"), "full": (FULL, "float16+full", "whole_step")}
 
 
 def profile_eager(model: str, batch: int, skip: int, steps: int, work: Path) -> tuple[Path, float]:
@@ -52,14 +54,16 @@ def case(model: str, batch: int, args) -> dict:
     keep = args.out.parent / "profiles" / f"{model}_b{batch}.json"
     keep.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(run_dir / "profile.json", keep)
-    graph = {p["lever"]: p for p in what_if(profile)["predictions"]}[GRAPH]
+    lever, arm, stats = LEVERS[args.lever]
+    graph = {p["lever"]: p for p in what_if(profile)["predictions"]}[lever]
     t0 = time.perf_counter()
-    [measured] = bench_step({"model": model, "batch": batch, "imgsz": 640}, ["float16+graph"],
+    [measured] = bench_step({"model": model, "batch": batch, "imgsz": 640}, [arm],
                             steps=args.bench_steps, warmup=args.bench_warmup)
     bench_s = time.perf_counter() - t0
     h = profile["headline"]
     error = (graph["step_ms"] - measured["step_ms_median"]) / measured["step_ms_median"] if graph["applies"] else None
-    return {"model": model, "batch": batch, "imgsz": 640, "precision": h["precision"], "device": h["device"],
+    return {"model": model, "batch": batch, "imgsz": 640, "lever": lever, "arm": arm,
+            "precision": h["precision"], "device": h["device"],
             "eager_step_ms": h["step_ms_mean"], "eager_utilisation": h["utilisation"],
             "eager_kernel_busy_ms": h["kernel_busy_ms"], "eager_host_ms": profile["utilisation"]["host_step_ms"],
             "region": profile["capture"]["region"], "region_host_ms": profile["capture"]["host_ms"],
@@ -67,7 +71,7 @@ def case(model: str, batch: int, args) -> dict:
             "predicted_host_ms": graph.get("host_ms"), "assumption": graph["assumption"],
             "measured_ms": measured["step_ms_median"], "measured_min_ms": measured["step_ms_min"],
             "measured_kernel_busy_ms": measured["kernel_busy_ms"], "measured_utilisation": measured["utilisation"],
-            "measured_replayed_steps": measured["graph"]["replayed_steps"],
+            "measured_replayed_steps": (measured.get(stats) or {}).get("replayed_steps"),
             "error": error, "within_target": None if error is None else abs(error) <= TARGET,
             "profile_overhead_frac": h["overhead_frac"], "profile": str(keep.relative_to(args.out.parent)),
             "seconds": {"profile": round(profile_s, 1), "bench": round(bench_s, 1)}}
@@ -87,6 +91,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["yolo9-t", "yolox-t", "rtmdet-t"])
     ap.add_argument("--batches", nargs="+", type=int, default=[2, 8])
+    ap.add_argument("--lever", choices=sorted(LEVERS), default="graph",
+                    help="graph: cuda_graph=true against float16+graph; full: cuda_graph=full against float16+full")
     ap.add_argument("--skip", type=int, default=5, help="profile_skip of the eager window")
     ap.add_argument("--steps", type=int, default=6, help="profile_steps of the eager window (plus half as many timed)")
     ap.add_argument("--bench-steps", type=int, default=12)

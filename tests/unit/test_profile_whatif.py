@@ -13,7 +13,7 @@ from testkit import make_profile
 from libreyolo.errors import ProfileFormatError
 from libreyolo.profiler.artifacts import load_profile
 from libreyolo.profiler.report import print_whatif
-from libreyolo.profiler.whatif import AMP_KERNEL_RATIO, GRAPH, LOADER, what_if
+from libreyolo.profiler.whatif import AMP_KERNEL_RATIO, FULL, GRAPH, LOADER, what_if
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((ROOT / "tests" / "fixtures" / "profiler").glob("*.json"))
@@ -27,8 +27,8 @@ def eager(step=100.0, busy=18.0, host=99.0, fwd=30.0, bwd=45.0, wait=0.5, idle=0
                          precision=precision)
     p["run"].update(precision=precision)
     p["utilisation"].update(idle_data_ms=idle, host_step_ms=host)
-    p["capture"] = {"region": region, "note": "the whole network", "forward_host_ms": fwd, "backward_host_ms": bwd,
-                    "host_ms": fwd + bwd, "busy_ms": 15.0, "kernels_per_step": 3000.0}
+    p["capture"] = {"region": region, "note": "the whole network", "whole": "", "forward_host_ms": fwd,
+                    "backward_host_ms": bwd, "host_ms": fwd + bwd, "busy_ms": 15.0, "kernels_per_step": 3000.0}
     p["overhead"]["graphed"] = False
     return p
 
@@ -46,6 +46,39 @@ def test_graph_removes_the_regions_host_time_and_keeps_the_kernels():
     # Little host time left outside the region: the kernels set the graphed step.
     g = by_lever(what_if(eager(fwd=40.0, bwd=50.0)))[GRAPH]
     assert g["step_ms"] == pytest.approx(18.0) and g["bound"] == "kernels"
+
+
+def _phases(p, **host_ms):
+    for row in p["phases"]:
+        row["host_ms"] = host_ms.get(row["phase"], row["host_ms"])
+    return p
+
+
+def test_full_removes_the_whole_steps_host_time_but_the_data_and_upload():
+    p = _phases(eager(), data=0.5, h2d=1.5, forward=30.0, loss=10.0, backward=45.0, optimizer=6.0, ema=2.0)
+    f = by_lever(what_if(p))[FULL]
+    # 99 ms of host time, 93 of it in the captured phases: the 18 ms of kernels set the step.
+    assert f["applies"] and f["step_ms"] == pytest.approx(18.0) and f["bound"] == "kernels" and f["host_ms"] == 6.0
+    assert "forward 30.0 + loss 10.0 + backward 45.0 + optimizer 6.0 + ema 2.0 ms of the 99.0 ms" in f["assumption"]
+    # Host time outside the step's phases (a slow upload, the loop) stays and can set the step.
+    outside = by_lever(what_if(_phases(eager(), forward=20.0, loss=5.0, backward=30.0, optimizer=2.0, ema=1.0)))
+    assert outside[FULL]["step_ms"] == pytest.approx(99.0 - 58.0) and outside[FULL]["bound"] == "host"
+
+
+def test_full_does_not_apply_where_the_step_cannot_be_captured_whole():
+    detr = eager(region="encoder")
+    detr["capture"]["whole"] = "the denoising reads the batch's largest box count on the host"
+    f = by_lever(what_if(detr))[FULL]
+    assert not f["applies"] and "cannot be captured whole: the denoising reads" in f["assumption"]
+    old = eager()
+    del old["capture"]["whole"]  # a profile from before cuda_graph=full
+    assert "profile the run again" in by_lever(what_if(old))[FULL]["assumption"]
+    untimed = eager()
+    untimed["phases"] = [row for row in untimed["phases"] if row["phase"] != "ema"]
+    assert "did not time the step's" in by_lever(what_if(untimed))[FULL]["assumption"]
+    infer = eager()
+    infer["run"]["mode"] = "infer"
+    assert "a training lever" in by_lever(what_if(infer))[FULL]["assumption"]
 
 
 def test_amp_saves_kernel_time_only_where_the_gpu_is_the_bottleneck():

@@ -200,7 +200,7 @@ PROFILE_SHAPE: dict[str, Any] = {
 }
 # What `profile what-if` and `profile ops` read beyond the rest (version 2 profiles).
 FINITE = "finite|null"
-CAPTURE_SHAPE: dict[str, Any] = {"region": "string", "note?": "string", "forward_host_ms": FINITE,
+CAPTURE_SHAPE: dict[str, Any] = {"region": "string", "note?": "string", "whole?": "string", "forward_host_ms": FINITE,
                                  "backward_host_ms": FINITE, "host_ms": FINITE, "busy_ms": FINITE}
 WHATIF_SHAPE: dict[str, Any] = {
     "headline": {"step_ms_mean": "positive", "kernel_busy_ms": "finite", "utilisation": "finite"},

@@ -251,7 +251,8 @@ def _capture_table(trainer, steps: list[dict], events: list[dict], cuda: bool, m
         plan = getattr(getattr(trainer, "family", None), "capture", None)
         region = getattr(plan, "region", "none")
         out = {"region": region, "note": getattr(plan, "note", "") or getattr(plan, "reason", ""),
-               "source": "the step's capturable (model.capturable)"}
+               "source": "the step's capturable (model.capturable)",
+               "whole": getattr(plan, "whole", "")}  # why cuda_graph=full cannot capture the step, or ""
         rows = [s["region_ms"] for s in timed if s.get("region_ms")]
         bwd = [r["backward"] for r in rows if r["backward"] is not None]
         out.update(forward_host_ms=statistics.fmean(r["forward"] for r in rows) if rows else None,

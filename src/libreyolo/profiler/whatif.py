@@ -13,6 +13,10 @@ the longer of the two: W ~ max(H, B). An eager step that is launch-bound has H ~
   everything else keeps its host time; the kernels are the same. Predicted max(H - R, B). A
   replay's own host cost (one launch per graph, the copy into its static input) is left out, and
   the dataloader is assumed to keep up with the faster step.
+- `cuda_graph=full`: the whole step but its data wait and upload (the forward, loss, backward,
+  optimizer and EMA phases, their host time F) replays as graphs: predicted max(H - F, B), the
+  replays' own launches and the host's LR writes (a few kernels) left out. Only where the family's
+  step can be captured whole (`capture.whole` in profile.json, from the family's capture plan).
 - AMP (a float32 window): kernel busy scales by the float16 (bfloat16) / float32 kernel busy
   ratio that `bench step` measured for whole training steps on the H200 (AMP_KERNEL_RATIO, from
   the bundled records it cites), the host time stays. If the GPU is the bottleneck (utilisation >=
@@ -43,6 +47,9 @@ AMP_KERNEL_RATIO: dict[str, tuple[float, float, float, int]] = {
     "bfloat16": (0.924, 0.813, 1.282, 6),
 }
 GRAPH = "cuda_graph=true"
+FULL = "cuda_graph=full"
+# The phases a whole-step graph replays (engine/fullstep.py); data and h2d stay on the host.
+FULL_PHASES = ("forward", "loss", "backward", "optimizer", "ema")
 LOADER = "a dataloader that never waits"
 
 
@@ -57,7 +64,7 @@ def what_if(profile: dict, path: str | None = None) -> dict:
     host = u["host_step_ms"] if u["host_step_ms"] is not None else step
     graph = _graph(profile, cuda, host, busy)
     amps = [_amp(profile, cuda, dtype, step, busy, util) for dtype in AMP_KERNEL_RATIO]
-    out = [graph, *amps]
+    out = [graph, _full(profile, cuda, host, busy), *amps]
     if graph["applies"] and amps[0]["applies"]:
         out.append(_graph_amp(graph, "float16", step, busy))
     out.append(_loader(step, head.get("data_wait_ms") or 0.0, u["idle_data_ms"], cuda))
@@ -112,6 +119,39 @@ def _graph(profile: dict, cuda: bool, host: float, busy: float) -> dict[str, Any
                   f"busy time ({busy:.1f} ms); with no sync in the step the CPU runs ahead, so the step takes the "
                   f"longer of the two; the dataloader keeps up with the faster step")
     return {**_prediction(GRAPH, step, profile["headline"]["step_ms_mean"], assumption,
+                          bound="host" if rest >= busy else "kernels"), "host_ms": rest}
+
+
+def _full(profile: dict, cuda: bool, host: float, busy: float) -> dict[str, Any]:
+    cap = profile["capture"]
+    if not cuda:
+        return _na(FULL, "CUDA graphs need a CUDA device: the window ran on the CPU")
+    if profile["run"].get("mode") == "infer":
+        return _na(FULL, "a training lever: predict's graph already holds the whole forward phase (cuda_graph=true)")
+    if _graphed(profile):
+        return _na(FULL, "the window already replays a CUDA graph: profile an eager run to predict it")
+    if cap["region"] not in ("network", "encoder"):
+        return _na(FULL, f"the family has no capturable region ({cap.get('note') or cap['region']})")
+    whole = cap.get("whole")
+    if whole is None:
+        return _na(FULL, "the profile does not say whether the family's step can be captured whole (written before "
+                         "cuda_graph=full): profile the run again")
+    if whole:
+        return _na(FULL, f"the family's step cannot be captured whole: {whole} (it trains as cuda_graph=true)")
+    phases = {p.get("phase"): p.get("host_ms") for p in profile.get("phases") or []}
+    times = [phases.get(name) for name in FULL_PHASES]
+    if any(not isinstance(t, (int, float)) for t in times):
+        return _na(FULL, "the window did not time the step's forward, loss, backward, optimizer and EMA phases")
+    captured = float(sum(times))
+    rest = max(host - captured, 0.0)
+    step = max(rest, busy)
+    parts = " + ".join(f"{name} {t:.1f}" for name, t in zip(FULL_PHASES, times))
+    assumption = (f"the whole step but its data wait and upload costs no host time ({parts} ms of the {host:.1f} ms "
+                  f"host time per step now; the replays' launches and the LR and EMA-weight writes before them are "
+                  f"left out); the rest keeps its host time ({rest:.1f} ms: data wait, upload, the loop) and the "
+                  f"kernels their busy time ({busy:.1f} ms: the loss's and optimizer's kernels are the eager ones, "
+                  f"padded boxes aside); the step takes the longer of the two")
+    return {**_prediction(FULL, step, profile["headline"]["step_ms_mean"], assumption,
                           bound="host" if rest >= busy else "kernels"), "host_ms": rest}
 
 
