@@ -40,6 +40,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "bfloat16": {"amp": True, "amp_dtype": "bfloat16"},
     "graph": {"cuda_graph": True},
     "full": {"cuda_graph": "full"},
+    "compile": {"compile": True},
     "nchw": {"channels_last": False},
     "nhwc": {"channels_last": True},
 }

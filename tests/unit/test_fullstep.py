@@ -310,3 +310,38 @@ def test_a_training_run_under_whole_step_graphs_ends_where_the_eager_one_does(tm
     for key, value in a["model"].items():
         torch.testing.assert_close(b["model"][key], value, rtol=1e-5, atol=1e-6, msg=key)
     assert all(isinstance(g["lr"], float) for g in b["optimizer"]["param_groups"])
+
+
+def test_compile_trains_the_compiled_network_and_leaves_the_model_plain(tmp_path, monkeypatch, caplog):
+    """compile=true with dynamo's eager backend (no inductor build on a 2-core CPU): the steps run the
+    compiled wrapper, the run says so and times its first step, and the weights and checkpoint
+    keys are the uncompiled run's."""
+    from testkit import shapes_subset
+
+    from libreyolo import LibreYOLO
+
+    monkeypatch.setattr(builder, "COMPILE_OPTIONS", {"backend": "eager", "dynamic": False})
+    (tmp_path / "data").mkdir()
+    args = dict(data=shapes_subset(tmp_path / "data", 16), imgsz=64, batch=8, device="cpu", workers=0, amp=False,
+                val=False, epochs=2, mosaic=0.0)
+    plain = LibreYOLO("yolo9-t").train(project=str(tmp_path / "plain"), **args)
+    caplog.set_level(logging.INFO, logger="libreyolo")
+    compiled = LibreYOLO("yolo9-t").train(project=str(tmp_path / "compiled"), compile=True, **args)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compile=true")]
+    assert said[0].startswith("compile=true: torch.compile(backend='eager', dynamic=False) of YOLOv9's network")
+    assert said[1].startswith("compile=true: the first step took ") and "inductor caches its kernels in " in said[1]
+    assert len(said) == 2
+    a, b = (torch.load(r.last, weights_only=True) for r in (plain, compiled))
+    assert a["model"].keys() == b["model"].keys()
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_compile_leaves_a_family_without_a_whole_network_region_uncompiled(caplog):
+    spec = get_family("rtdetr")
+    caplog.set_level(logging.INFO, logger="libreyolo")
+    model = spec.build("r18", 3)
+    ctx = builder.build_step_context(build_config({"device": "cpu", "compile": True}), spec, model, CPU)
+    assert ctx.capturable is model.capturable
+    assert "compile=true: RT-DETR compiles only where its captured region is the whole network (it is encoder)" \
+        in caplog.text

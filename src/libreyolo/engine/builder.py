@@ -83,8 +83,10 @@ def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, d
         log.info(precision.message)
     # EMA before graphs: the manager must see the model in its final device and memory format.
     ema = ModelEMA(model) if cfg.ema else None
+    # compile=true: what the steps run for model.capturable (after the EMA's copy: it stays plain).
+    network = compiled_network(model, cfg, family)
     # With cuda_graph off (or unsupported) this is a silent pass-through to `model.capturable`.
-    graphs = GraphManager.for_run(model, cfg, family, device, precision)
+    graphs = GraphManager.for_run(model, cfg, family, device, precision, module=network)
     # The optimizer holds one flat tensor per parameter group (optim.flatten): clipping reads
     # those few gradients, not one per parameter.
     optimizer = build_optimizer(model, cfg, device_type=device.type,
@@ -107,6 +109,43 @@ def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, d
             ctx.whole = fullstep.WholeStep(ctx, name=family.display, on_fallback=lambda _: setattr(graphs, "hold", False))
             graphs.hold = True  # whole-step graphs stand in for the network's
     return ctx
+
+
+# torch.compile's settings for compile=true: inductor's default mode, which makes no CUDA graphs of
+# its own (the modes that do would nest them inside ours), and static shapes (a batch of a new
+# size recompiles, as it re-captures).
+COMPILE_OPTIONS: dict = {"mode": "default", "dynamic": False}
+
+
+def compiled_network(model: nn.Module, cfg: TrainConfig, family: FamilySpec) -> nn.Module:
+    """`model.capturable` compiled for the training steps under compile=true (else itself), with
+    the line that says so. The model keeps its plain module: its state_dict, its EMA copy, its
+    validation and predict never see the compiled wrapper, which shares its parameters."""
+    module = model.capturable
+    if not getattr(cfg, "compile", False):
+        return module
+    if family.capture.region != "network":
+        log.info(f"compile=true: {family.display} compiles only where its captured region is the whole network "
+                 f"(it is {family.capture.region}); training uncompiled")
+        return module
+    log.info(f"compile=true: torch.compile({', '.join(f'{k}={v!r}' for k, v in COMPILE_OPTIONS.items())}) of "
+             f"{family.display}'s network; the first step compiles it")
+    return torch.compile(module, **COMPILE_OPTIONS)
+
+
+def compile_cache_dir() -> str:
+    """Where inductor keeps compiled kernels between runs (TORCHINDUCTOR_CACHE_DIR sets it)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return cache_dir()
+    except Exception:  # another torch's layout: the documented default
+        import getpass
+        import os
+        import tempfile
+
+        return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(tempfile.gettempdir(),
+                                                                         f"torchinductor_{getpass.getuser()}")
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:

@@ -101,7 +101,8 @@ class WholeStep:
                  on_fallback: Callable[[str], None] | None = None):
         # The functions captured are the step's own, with the plain module: the network graph
         # manager is held while whole-step graphs are on (it would capture the same shapes again).
-        self.ctx = dataclasses.replace(ctx, capturable=ctx.model.capturable, ddp=None, whole=None)
+        network = ctx.graphs.module if ctx.graphs is not None else ctx.model.capturable  # compiled, under compile=true
+        self.ctx = dataclasses.replace(ctx, capturable=network, ddp=None, whole=None)
         self.backend = backend if backend is not None else CudaCapturer(ctx.device)
         self.capture_after, self.max_buckets = int(capture_after), int(max_buckets)
         self.name, self.on_fallback = name, on_fallback  # name: the family, for the lines

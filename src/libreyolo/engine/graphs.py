@@ -119,12 +119,13 @@ class GraphManager:
     # --- construction for a run ------------------------------------------------------------------
     @classmethod
     def for_run(cls, model: nn.Module, cfg: Any, family: Any, device: torch.device, precision: Any,
-                *, backend: CaptureBackend | None = None) -> GraphManager:
+                *, backend: CaptureBackend | None = None, module: nn.Module | None = None) -> GraphManager:
         """The manager for one training run: armed, or off with one log line saying why.
 
-        `step_callable` is what `StepContext.capturable` should be either way.
+        `step_callable` is what `StepContext.capturable` should be either way. `module`: what the
+        steps run for `model.capturable` (its compiled form under compile=true), else that.
         """
-        module = model.capturable
+        module = model.capturable if module is None else module
         if not getattr(cfg, "cuda_graph", False):
             return cls.off(module, None)
         reason = unsupported_reason(model, family, device)

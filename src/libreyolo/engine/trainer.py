@@ -29,7 +29,14 @@ from ..markers import phase
 from ..tasks.base import TaskSpec
 from . import checkpoint as ckpt_io
 from . import distributed, diverge
-from .builder import build_step_context, cudnn_autotune, place_model, seed_everything, set_cudnn_autotune
+from .builder import (
+    build_step_context,
+    compile_cache_dir,
+    cudnn_autotune,
+    place_model,
+    seed_everything,
+    set_cudnn_autotune,
+)
 from .device import device_name, out_of_memory_as_error
 from .meter import LossMeter
 from .optim import accumulation, resolve_accumulate, resolve_auto
@@ -110,6 +117,8 @@ class Trainer:
         self.optimizer, self.precision, self.ema, self.criterion, self.graphs = (
             self.ctx.optimizer, self.ctx.precision, self.ctx.ema, self.ctx.criterion, self.ctx.graphs)
         self.schedule = LRSchedule(self.optimizer, cfg, self.steps_per_epoch, cfg.accumulate)
+        # compile=true: the first step compiles the network; its time is said once.
+        self._compiling = self.graphs.module is not self.model.capturable
         if self.ctx.whole is not None:  # a captured update bakes SGD's momentum in: not while it ramps
             self.ctx.whole.ready = lambda: self.schedule.momentum_settled(self.iteration)
         self.hooks: list[Hook] = list(hooks) if w.main else []
@@ -236,7 +245,13 @@ class Trainer:
             since_update += 1
             update = self.schedule.steps_optimizer(self.epoch, self.batch_index, since_update)
             since_update = 0 if update else since_update
+            t_step = time.perf_counter() if self._compiling else 0.0
             items = train_step(self.ctx, batch, update)
+            if self._compiling:
+                self._compiling = False
+                log.info(f"compile=true: the first step took {time.perf_counter() - t_step:.1f} s, compiling the "
+                         f"network; inductor caches its kernels in {compile_cache_dir()}, so a later run of this "
+                         f"model at this size compiles faster")
             # img/s counts the global batch: every rank's images of this step.
             self.meter.add(items, self.train_loader.sampler.global_size(batch_index)
                            if self.world.active else batch.images.shape[0])
