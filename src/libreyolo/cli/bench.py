@@ -16,9 +16,10 @@ bench_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_
 @bench_app.command(context_settings=EXTRA)
 @user_errors
 def step(ctx: typer.Context,
-         arms: str = typer.Option("eager", help="Comma-separated arms: eager, fp32, float16, bfloat16, graph, nchw, "
-                                                 "nhwc; combine with '+', e.g. float16,float16+graph. An arm whose "
-                                                 "lever cannot act on the device (float16, bfloat16 or graph on a "
+         arms: str = typer.Option("eager", help="Comma-separated arms: eager, fp32, float16, bfloat16, graph, full "
+                                                 "(cuda_graph=full), compile, nchw, nhwc; combine with '+', e.g. "
+                                                 "float16,float16+graph,float16+full+compile. An arm whose lever "
+                                                 "cannot act on the device (float16, bfloat16, graph or full on a "
                                                  "CPU) is refused before any arm runs."),
          steps: int = typer.Option(24, min=2, help="Timed steps per arm."),
          warmup: int = typer.Option(10, min=1, help="Warm-up steps per arm before timing."),
