@@ -88,6 +88,23 @@ def synthetic_batch(b: int = 8, size: int = 256, seed: int = 0, empty_first: boo
                  targets=Targets(boxes.pin_memory(), labels.pin_memory(), valid.pin_memory()))
 
 
+def box_batch(seed: int, boxes: int, b: int = 2, size: int = 64, pin: bool = False) -> Batch:
+    """A batch in the trainer's format with exactly `boxes` random boxes an image (3 classes), padded
+    as the loaders pad (data/loader.pad_targets: a multiple of 8 slots); pinned if asked (CUDA)."""
+    from libreyolo.data.loader import pad_targets
+
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 255, (b, 3, size, size), dtype=torch.uint8, generator=g)
+    xy = torch.rand(b, boxes, 2, generator=g) * size * 0.6
+    wh = torch.rand(b, boxes, 2, generator=g) * size * 0.3 + 4
+    labels = torch.randint(0, 3, (b, boxes), generator=g)
+    targets = pad_targets([torch.cat([xy[i], xy[i] + wh[i]], -1).numpy() for i in range(b)],
+                          [labels[i].numpy() for i in range(b)])
+    if pin:
+        images, targets = images.pin_memory(), Targets(*(t.pin_memory() for t in targets))
+    return Batch(images, targets)
+
+
 def shapes_subset(root, n: int) -> str:
     """The built-in shapes dataset cut to `n` train (and 4 val) images, as a dataset yaml under `root`."""
     from libreyolo.data import load_data_config

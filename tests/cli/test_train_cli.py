@@ -182,7 +182,7 @@ def test_bench_step_cpu(cli, capsys, monkeypatch, one_thread):
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert err.startswith("error: bench arms whose lever cannot act on cpu: 'float16+graph' (float16 "
                           "autocast needs a CUDA device, CUDA graphs need a CUDA device (training on cpu))")
-    assert "arms that act on cpu: eager, fp32, nchw, nhwc" in err
+    assert "arms that act on cpu: eager, fp32, compile, nchw, nhwc" in err
 
 
 # Every detector but YOLOv9 (the runs above): its first size, two epochs of one step on 4 images

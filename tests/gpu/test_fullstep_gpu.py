@@ -12,10 +12,9 @@ import dataclasses
 
 import pytest
 import torch
-from testkit import synthetic_batch
+from testkit import box_batch, synthetic_batch
 
 from libreyolo.config import build_config
-from libreyolo.data.loader import Batch, pad_targets
 from libreyolo.engine.builder import build_step_context
 from libreyolo.engine.step import train_step
 from libreyolo.families import get_family
@@ -25,17 +24,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("deterministic_cudnn")]
 DEVICE = torch.device("cuda")
 RTOL = 1e-5
 COUNTS = [3, 12, 3, 20, 12, 3, 20, 12, 3, 20, 3, 12, 20, 3, 12, 20]
-
-
-def _batch(seed: int, boxes: int, b: int = 8, size: int = 256) -> Batch:
-    g = torch.Generator().manual_seed(seed)
-    images = torch.randint(0, 255, (b, 3, size, size), dtype=torch.uint8, generator=g)
-    xy = torch.rand(b, boxes, 2, generator=g) * size * 0.6
-    wh = torch.rand(b, boxes, 2, generator=g) * size * 0.3 + 8
-    labels = torch.randint(0, 10, (b, boxes), generator=g)
-    targets = pad_targets([torch.cat([xy[i], xy[i] + wh[i]], -1).numpy() for i in range(b)],
-                          [labels[i].numpy() for i in range(b)])
-    return Batch(images.pin_memory(), targets._replace(**{k: v.pin_memory() for k, v in targets._asdict().items()}))
 
 
 def _contexts(family="yolo9", size="t", amp=True, amp_dtype="float16", optimizer="adamw", channels_last=True):
@@ -69,7 +57,7 @@ def _rel(a, b):
 def _train(eager, whole, counts=COUNTS, lr_base=0.001):
     worst = 0.0
     for i, boxes in enumerate(counts):
-        batch = _batch(i % 5, boxes)
+        batch = box_batch(i % 5, boxes, b=8, size=256, pin=True)
         for ctx in (eager, whole):
             for group in ctx.optimizer.param_groups:  # as the schedule does, a float32 number
                 group["lr"] = float(torch.tensor(lr_base * (1 + i % 4) / 4, dtype=torch.float32))

@@ -63,7 +63,7 @@ def test_levers_that_cannot_act_on_the_device_are_named(monkeypatch):
     assert str(err.value) == (
         "bench arms whose lever cannot act on cpu: 'float16' (float16 autocast needs a CUDA device); 'fp32+graph' "
         "(CUDA graphs need a CUDA device (training on cpu)); they would time what another arm times and report "
-        "noise as a speed-up (arms that act on cpu: eager, fp32, nchw, nhwc)")
+        "noise as a speed-up (arms that act on cpu: eager, fp32, compile, nchw, nhwc)")
     # A GPU without native bfloat16 would run the bfloat16 arm as float16: not a bfloat16 figure.
     monkeypatch.setattr(precision, "bf16_native", lambda device: False)
     gpu = torch.device("cuda", 0)

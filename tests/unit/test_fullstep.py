@@ -7,9 +7,9 @@ import logging
 
 import pytest
 import torch
+from testkit import box_batch
 
 from libreyolo.config import build_config
-from libreyolo.data.loader import Batch, pad_targets
 from libreyolo.engine import builder, fullstep, optim
 from libreyolo.engine.capture_check import CaptureCheck
 from libreyolo.engine.fullstep import WholeStep, bucket_boxes
@@ -43,16 +43,6 @@ class ReplayingCapturer:
 
     def release(self):
         pass
-
-
-def _batch(seed: int, boxes: int, b: int = 2, size: int = 64) -> Batch:
-    g = torch.Generator().manual_seed(seed)
-    images = torch.randint(0, 255, (b, 3, size, size), dtype=torch.uint8, generator=g)
-    xy = torch.rand(b, boxes, 2, generator=g) * size * 0.6
-    wh = torch.rand(b, boxes, 2, generator=g) * size * 0.3 + 4
-    labels = torch.randint(0, 3, (b, boxes), generator=g)
-    box_list = [torch.cat([xy[i], xy[i] + wh[i]], -1).numpy() for i in range(b)]
-    return Batch(images, pad_targets(box_list, [labels[i].numpy() for i in range(b)]))
 
 
 def _contexts(monkeypatch, optimizer="adamw", family="yolo9", size="t", **extra):
@@ -91,7 +81,7 @@ def test_the_whole_step_trains_as_the_eager_step(monkeypatch, optimizer):
     whole = whole_ctx.whole
     counts = [3, 12, 3, 20, 12, 3, 20, 12, 3, 20, 3, 12]
     for i, boxes in enumerate(counts):
-        batch = _batch(i, boxes)
+        batch = box_batch(i, boxes)
         update = i % 2 == 1
         for ctx in (eager, whole_ctx):
             for group in ctx.optimizer.param_groups:
@@ -120,7 +110,7 @@ def test_an_update_waits_while_the_momentum_ramps(monkeypatch):
     settled = [False, False, True, True, True]
     for i, ready in enumerate(settled):
         whole.ready = lambda ready=ready: ready
-        batch = _batch(i, 3)
+        batch = box_batch(i, 3)
         torch.testing.assert_close(train_step(whole_ctx, batch, True), train_step(eager, batch, True),
                                    rtol=1e-4, atol=1e-6)
     stats = whole.stats()
@@ -140,9 +130,9 @@ def test_batches_past_the_limits_train_eager_with_one_line(monkeypatch, caplog):
     whole.max_buckets = 1
     caplog.set_level(logging.INFO, logger="libreyolo")
     for i in range(4):
-        train_step(ctx, _batch(i, 3), True)
-        train_step(ctx, _batch(i, 12), True)
-    many = _batch(9, fullstep.MAX_BOXES + 1, b=1)
+        train_step(ctx, box_batch(i, 3), True)
+        train_step(ctx, box_batch(i, 12), True)
+    many = box_batch(9, fullstep.MAX_BOXES + 1, b=1)
     for _ in range(2):
         train_step(ctx, many, True)
     said = [r.getMessage() for r in caplog.records]
@@ -167,7 +157,7 @@ def test_an_uncapturable_step_falls_back_to_network_graphs_with_one_line(monkeyp
     ctx.whole.ctx.criterion = reads_the_host
     caplog.set_level(logging.INFO, logger="libreyolo")
     for i in range(3):
-        train_step(ctx, _batch(i, 3), True)
+        train_step(ctx, box_batch(i, 3), True)
     [line] = [r.getMessage() for r in caplog.records if "cuda_graph=full" in r.getMessage()]
     assert line.startswith("cuda_graph=full: YOLOv9's step cannot be captured: a host read of a device value")
     assert "at engine/step.py:" in line  # the innermost line of ours: the criterion's caller
@@ -179,13 +169,13 @@ def test_an_uncapturable_step_falls_back_to_network_graphs_with_one_line(monkeyp
 def test_the_step_graphs_are_re_captured_when_the_loss_changes(monkeypatch, caplog):
     _, ctx = _contexts(monkeypatch)
     for i in range(3):
-        train_step(ctx, _batch(i, 3), True)
+        train_step(ctx, box_batch(i, 3), True)
     assert ctx.whole.backend.captures == 2  # the micro-step and the update
     caplog.set_level(logging.INFO, logger="libreyolo")
     ctx.whole.invalidate("the L1 term turned on")
     assert "whole-step CUDA graphs invalidated (the L1 term turned on): 1 discarded" in caplog.text
     for i in range(3):
-        train_step(ctx, _batch(i, 3), True)
+        train_step(ctx, box_batch(i, 3), True)
     assert ctx.whole.backend.captures == 3  # the micro-step again; the update graph is kept
 
 
@@ -233,7 +223,7 @@ def test_the_capture_check_names_what_a_replay_could_not_repeat(fn, expected):
 
 def _task_targets(task: str, b: int, size: int):
     if task in ("detect", "points"):
-        return _batch(0, 5, b=b, size=size).targets
+        return box_batch(0, 5, b=b, size=size).targets
     if task == "classify":
         from libreyolo.data.classify import ClassTargets
 

@@ -295,7 +295,7 @@ def test_handed_over_gradients_sum_as_autograds_own_adds_in_fewer_launches():
                 Adds.count += 1
             return func(*args, **(kwargs or {}))
 
-    from test_fullstep import _batch  # the same tiny detection batches
+    from testkit import box_batch
 
     spec = get_family("yolo9")
     torch.manual_seed(0)
@@ -310,7 +310,7 @@ def test_handed_over_gradients_sum_as_autograds_own_adds_in_fewer_launches():
         Adds.count = 0
         with Adds():
             for i in range(3):
-                train_step(ctx, _batch(i, 5), update=i == 2)
+                train_step(ctx, box_batch(i, 5), update=i == 2)
         adds[name] = Adds.count
     members = sum(len(p.members) for p in handed.params)
     assert adds["plain"] - adds["handed"] == 3 * members, adds

@@ -49,7 +49,7 @@ from torch import Tensor
 from .. import markers
 from ..families.base import Targets
 from .capture_check import CaptureCheck
-from .graphs import CAPTURE_AFTER, _buffers_restored, _capture_kwargs, _one_line, _stream_restored
+from .graphs import CAPTURE_AFTER, _buffers_restored, _capture_kwargs, _one_line, _stream_restored, release_graph_memory
 from .graphs import unsupported_reason as network_reason
 from .step import StepContext, apply_update, forward_loss, prepare_images
 
@@ -425,8 +425,4 @@ class CudaCapturer:
 
     def release(self) -> None:
         """After a failure, once the graphs are dropped: let pending work finish, return the memory."""
-        for step in (torch.cuda.synchronize, gc.collect, torch.cuda.empty_cache):
-            try:
-                step()
-            except Exception:  # a failed capture can leave a sticky CUDA error; eager carries on
-                pass
+        release_graph_memory()

@@ -494,11 +494,16 @@ class CudaGraphBackend:
 
     def release(self) -> None:
         """After a failure or an invalidation: let pending work finish and return pool memory."""
-        for step in (torch.cuda.synchronize, gc.collect, torch.cuda.empty_cache):
-            try:
-                step()
-            except Exception:  # a failed capture can leave a sticky CUDA error; eager carries on
-                pass
+        release_graph_memory()
+
+
+def release_graph_memory() -> None:
+    """Once dropped graphs are unreferenced: let pending work finish and return their pools' memory."""
+    for step in (torch.cuda.synchronize, gc.collect, torch.cuda.empty_cache):
+        try:
+            step()
+        except Exception:  # a failed capture can leave a sticky CUDA error; eager carries on
+            pass
 
 
 def _as_outputs(out: Any) -> tuple[Tensor, ...]:
