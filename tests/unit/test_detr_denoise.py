@@ -101,3 +101,51 @@ def test_generator_makes_it_reproducible_and_rows_need_not_be_packed():
                         generator=torch.Generator().manual_seed(9))
     assert torch.equal(a.labels, b.labels) and torch.allclose(a.boxes_unact, b.boxes_unact)
     assert torch.equal(torch.where(b.target >= 0, perm[b.target.clamp(min=0)], -1), a.target)
+
+
+@pytest.mark.parametrize("counts", [[30, 2], [1, 0], [0, 0]], ids=["k30", "k1", "empty"])
+def test_static_layout_is_the_default_one_with_dead_slots_after_it(counts):
+    """`static=True` sizes D by the padded width alone (2 max(N, M)) and keeps K and G on the
+    device: its first 2 K G slots are the default's, from the same generator state, and the rest
+    are dead (no target, blocked as keys for every query, `live` False)."""
+    m, n = 40, 100
+    labels, boxes, valid = _batch(counts, m, torch.Generator().manual_seed(2))
+    embed = nn.Embedding(NC + 1, 4, padding_idx=NC)
+    static = denoising_group(labels, boxes, valid, NC, NQ, embed, num_denoising=n,
+                             generator=torch.Generator().manual_seed(3), static=True)
+    d = 2 * max(n, m)
+    assert static.num_queries == d and static.live.shape == (d,)
+    default = denoising_group(labels, boxes, valid, NC, NQ, embed, num_denoising=n,
+                              generator=torch.Generator().manual_seed(3))
+    if default is None:  # no boxes: every slot dead, and the matching queries still see each other
+        assert not static.live.any() and (static.target == -1).all()
+        assert not static.attn_mask[d:, d:].any() and static.attn_mask[:, :d].all()
+        return
+    live = default.num_queries
+    assert static.live.tolist() == [True] * live + [False] * (d - live)
+    assert torch.equal(static.labels[:, :live], default.labels)
+    assert torch.equal(static.boxes_unact[:, :live], default.boxes_unact)
+    assert torch.equal(static.target[:, :live], default.target) and (static.target[:, live:] == -1).all()
+    assert torch.equal(static.negative[:live], default.negative)
+    assert torch.equal(static.groups, default.groups)
+    # The live block of the mask is the default's; a dead slot is blocked as a key for everyone.
+    keep = torch.cat((static.live, torch.ones(NQ, dtype=torch.bool)))
+    assert torch.equal(static.attn_mask[keep][:, keep], default.attn_mask)
+    assert static.attn_mask[:, ~keep].all()
+
+
+def test_padding_the_targets_does_not_change_the_default_noise():
+    """The default draws its noise for 2 max(N, K) slots, so padded target slots (a bigger M)
+    leave every number unchanged, even past N."""
+    gen = torch.Generator().manual_seed(4)
+    labels, boxes, valid = _batch([12, 3], 12, gen)
+    embed = nn.Embedding(NC + 1, 4, padding_idx=NC)
+    pad = 30
+    labels_p = torch.cat((labels, torch.ones(2, pad, dtype=labels.dtype)), 1)
+    boxes_p = torch.cat((boxes, torch.full((2, pad, 4), 0.5)), 1)
+    valid_p = torch.cat((valid, torch.zeros(2, pad, dtype=torch.bool)), 1)
+    a = denoising_group(labels, boxes, valid, NC, NQ, embed, num_denoising=10, generator=torch.Generator().manual_seed(5))
+    b = denoising_group(labels_p, boxes_p, valid_p, NC, NQ, embed, num_denoising=10,
+                        generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a.labels, b.labels) and torch.equal(a.boxes_unact, b.boxes_unact)
+    assert torch.equal(a.target, b.target) and torch.equal(a.attn_mask, b.attn_mask)

@@ -20,6 +20,11 @@ Training model contract (an `nn.Module` returned by `FamilySpec.build`):
   queries), so validation and predict take the top-k (query, class) scores instead of NMS.
 - optionally `model.set_epoch(epoch, cfg) -> reason | None`: an epoch-dependent change of what
   the captured region computes (YOLOX's L1 term); a reason re-arms the CUDA graphs.
+- optionally `model.static_shapes = False`: a model that sizes part of its training step by the
+  data, with a host read, sets this attribute; set to True (cuda_graph=full does, engine/fullstep.py)
+  it sizes that part by the input's shapes alone, the padded Targets' width M included, and masks
+  what the data leaves unused, computing the same loss. The DETRs' denoising: 2 max(100, M)
+  query slots instead of 2 K G for the largest box count K (families/detr/denoise.py).
 - optionally `model.graph_note: str`: how graphed training differs from eager for this model,
   logged once by the graph manager (engine/graphs.py) at the first capture. SegFormer's: its
   drop-path draws random numbers inside the captured region, and a replayed graph draws its own
@@ -78,13 +83,6 @@ class CapturePlan:
     reason: str = ""
     note: str = ""
     whole: str = ""
-
-
-# The DETRs' reasons for `CapturePlan.whole` (their denoising and matching live in families/detr/).
-MATCHER_HOST_READ = ("the Hungarian matcher's solver reads two flags on the host on CUDA "
-                     "(families/detr/matcher.py)")
-DENOISING_HOST_READ = ("the denoising sizes its query groups by the batch's largest box count, read on the "
-                       "host (families/detr/denoise.py), and " + MATCHER_HOST_READ)
 
 
 @dataclass(frozen=True)

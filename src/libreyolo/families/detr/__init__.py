@@ -4,9 +4,7 @@ D-FINE, DEIM, RT-DETRv4, DEIMv2, ECDet and RF-DETR build on (docs/architecture.m
 in families/base.py)."""
 
 # Host synchronisations of one DETR training step on CUDA, the only ones it makes (the GPU test
-# counts them with torch's sync debug mode): the denoising group count reads the batch's largest
-# box count (denoise.max_boxes), and torch-linear-assignment checks its input twice (a NaN/-inf
-# read and an infeasibility read) before and after its one batched solve (matcher.py). This is
-# the default (Triton, compute capability >= 8); with SciPy the solve's copies to the host and
-# back are the syncs instead of those two (benchmarks/assign_bench.py counted 2 for them).
-STEP_HOST_SYNCS = 3
+# counts them with torch's sync debug mode, `DETRModel.host_syncs`): the denoising's read of the
+# batch's largest box count (denoise.py; none under the model's `static_shapes`), and the
+# matcher's, none with the Triton solve (matcher.py; 2 with SciPy's copies to the host and back).
+DENOISING_HOST_SYNCS = 1

@@ -19,8 +19,21 @@ Here no Python loop over images or groups: slot -> (group, half, j) is index ari
 arange(D) and the mask is one broadcast comparison. Valid rows need not be packed at the front
 of the padded targets: they are stably sorted there first, and `target` indexes the original M.
 
-One host sync per call: the max box count K (`valid.sum(1).max()`) fixes D, a shape.
-A batch without boxes gets no dn queries (D = 0; the caller skips the dn terms).
+Two ways to size D:
+- by default, upstream's: the max box count K, read on the host (`valid.sum(1).max()`, the
+  call's one sync), fixes D = 2 K G. A batch without boxes gets no dn queries (None; the caller
+  skips the dn terms).
+- `static=True` (a model's `static_shapes`, which cuda_graph=full sets): D follows the targets'
+  padded width M alone, D = 2 max(N, M) with N = num_denoising, the most any K <= M lays out
+  (K max(N // K, 1) <= max(N, K)). K and G stay on the device, the layout is the same
+  arithmetic on tensors, and the slots past 2 K G are *dead*: `live` is False there, every query
+  is blocked from them as keys in the attention mask, and the loss leaves them out (the
+  criterion's `keep`). So the live queries see and compute exactly what the default's D queries
+  do, and no shape depends on the data: a CUDA graph can replay it. A batch without boxes gets
+  D dead slots instead of None.
+The noise is drawn for 2 max(N, K) slots by default (so padding the targets changes nothing) and
+2 max(N, M) under `static`, each keeping its first D: both give the same numbers from the same
+generator state where max(N, K) = max(N, M), as when K and M are both <= N.
 """
 
 from __future__ import annotations
@@ -45,6 +58,7 @@ class DenoiseGroup(NamedTuple):
     target: Tensor      # [B, D] long, target index a positive reconstructs; -1 elsewhere
     groups: Tensor      # [B] float, the group count G
     negative: Tensor    # [D] bool, the negative half of every group
+    live: Tensor        # [D] bool, False on the dead slots past 2 K G (static=True only)
 
     @property
     def num_queries(self) -> int:
@@ -52,61 +66,77 @@ class DenoiseGroup(NamedTuple):
 
 
 def max_boxes(valid: Tensor) -> int:
-    """The batch's largest box count: the one host read of the step's denoising."""
+    """The batch's largest box count: the one host read of the default's denoising."""
     return int(valid.sum(1).max()) if valid.numel() else 0
 
 
 def denoising_group(labels: Tensor, boxes: Tensor, valid: Tensor, num_classes: int, num_queries: int,
                     class_embed: nn.Embedding, num_denoising: int = NUM_DENOISING,
                     label_noise_ratio: float = LABEL_NOISE_RATIO, box_noise_scale: float = BOX_NOISE_SCALE,
-                    generator: torch.Generator | None = None, k: int | None = None) -> DenoiseGroup | None:
+                    generator: torch.Generator | None = None, k: int | None = None,
+                    static: bool = False) -> DenoiseGroup | None:
     """labels [B, M], boxes [B, M, 4] cxcywh normalised, valid [B, M] -> the dn group, or None when
-    the batch has no boxes or num_denoising <= 0. `k` (the max box count) skips the host read when
-    the caller already knows it."""
+    num_denoising <= 0 or (without `static`) the batch has no boxes. `k` (the max box count) skips
+    the host read when the caller already knows it; `static` sizes D by M (module docstring)."""
     if num_denoising <= 0:
         return None
-    k = max_boxes(valid) if k is None else k  # host sync (documented above)
-    if k == 0:
-        return None
-    b, device = labels.shape[0], labels.device
-    groups = max(num_denoising // k, 1)
-    d = 2 * k * groups
+    b, m = valid.shape
+    device = labels.device
+    if static:
+        counts = valid.sum(1)
+        k_live = counts.amax() if b else counts.new_zeros(())  # K on the device; 0: every slot dead
+        k_t = k_live.clamp(min=1)
+        groups = (num_denoising // k_t).clamp(min=1)
+        d = drawn = 2 * max(num_denoising, m)  # the noise's slots, and D
+    else:
+        k = max_boxes(valid) if k is None else k  # host sync (module docstring)
+        if k == 0:
+            return None
+        groups = max(num_denoising // k, 1)
+        d = 2 * k * groups
+        drawn = 2 * max(num_denoising, k)  # the noise's slots: the most D any K' <= max(N, K) lays out
+        k_t = k_live = k
 
-    # The valid rows first (stable, so in their order), then the first K columns.
-    order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices[:, :k]  # [B, K]
+    # The valid rows first (stable, so in their order); slot j of a group copies column j < K.
+    order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # [B, M]
     slot_valid = valid.gather(1, order)
     slot_labels = torch.where(slot_valid, labels.gather(1, order), num_classes)
     slot_boxes = torch.where(slot_valid.unsqueeze(-1), boxes.gather(1, order.unsqueeze(-1).expand(-1, -1, 4)), 0.0)
 
     idx = torch.arange(d, device=device)
-    r = idx % (2 * k)  # position inside the group
-    negative, j = r >= k, r % k                                      # [D]
-    q_valid = slot_valid[:, j]                                       # [B, D]
+    r = idx % (2 * k_t)  # position inside the group
+    negative, j = r >= k_t, r % k_t                                  # [D]
+    live = idx < 2 * k_live * groups                                 # [D]; all True by default
+    q_valid = slot_valid[:, j] & live                                # [B, D]
     q_labels = slot_labels[:, j]
     q_boxes = slot_boxes[:, j].float()                               # [B, D, 4]
 
     def rand(*shape):
-        return torch.rand(*shape, generator=generator, device=device)
+        return torch.rand(b, drawn, *shape, generator=generator, device=device)[:, :d]
 
     if label_noise_ratio > 0:
-        flip = (rand(b, d) < label_noise_ratio * 0.5) & q_valid
-        new = torch.randint(0, num_classes, (b, d), generator=generator, device=device)
+        flip = (rand() < label_noise_ratio * 0.5) & q_valid
+        new = torch.randint(0, num_classes, (b, drawn), generator=generator, device=device)[:, :d]
         q_labels = torch.where(flip, new, q_labels)
     if box_noise_scale > 0:
         xyxy = cxcywh_to_xyxy(q_boxes)
         diff = (q_boxes[..., 2:] * 0.5).repeat(1, 1, 2) * box_noise_scale
-        sign = torch.randint(0, 2, (b, d, 4), generator=generator, device=device).float() * 2 - 1
-        part = rand(b, d, 4) + negative.view(1, d, 1).float()       # U[0,1) pos, U[1,2) neg
+        sign = torch.randint(0, 2, (b, drawn, 4), generator=generator, device=device)[:, :d].float() * 2 - 1
+        part = rand(4) + negative.view(1, d, 1).float()              # U[0,1) pos, U[1,2) neg
         q_boxes = xyxy_to_cxcywh((xyxy + sign * part * diff).clamp(0.0, 1.0))
     boxes_unact = inverse_sigmoid(q_boxes)
 
-    target = torch.where(q_valid & ~negative, order[:, j], -1)
-    # Blocked: a dn key for every matching query, and for a dn query every other group's keys.
+    target = torch.where(q_valid & ~negative, order.gather(1, j.expand(b, -1)), -1)
+    # Blocked: a dn key for every matching query, for a dn query every other group's keys, and a
+    # dead slot's key for everyone (a dead query still sees the matching queries: no empty row).
     qi = torch.arange(d + num_queries, device=device)
-    g = torch.where(qi < d, qi // (2 * k), -1)
-    attn_mask = (qi.unsqueeze(0) < d) & ((qi.unsqueeze(1) >= d) | (g.unsqueeze(1) != g.unsqueeze(0)))
-    return DenoiseGroup(q_labels, class_embed(q_labels), boxes_unact, attn_mask, target,
-                        torch.full((b,), float(groups), device=device), negative)
+    dn_key = qi < d
+    g = torch.where(dn_key, qi // (2 * k_t), -1)
+    dead_key = dn_key & ~torch.cat((live, live.new_ones(num_queries)))
+    attn_mask = (dn_key.unsqueeze(0) & ((qi.unsqueeze(1) >= d) | (g.unsqueeze(1) != g.unsqueeze(0)))) \
+        | dead_key.unsqueeze(0)
+    groups_b = (groups.float() if static else torch.full((), float(groups), device=device)).expand(b).clone()
+    return DenoiseGroup(q_labels, class_embed(q_labels), boxes_unact, attn_mask, target, groups_b, negative, live)
 
 
 def keep_in_graph(x: Tensor, class_embed: nn.Embedding) -> Tensor:

@@ -11,13 +11,23 @@ from torch import Tensor, nn
 
 from ..base import Targets
 from ..common import fuse_model_
-from . import STEP_HOST_SYNCS
+from . import DENOISING_HOST_SYNCS, matcher
 
 
 class DETRModel(nn.Module):
     end_to_end = True              # validation and predict take the top-k (query, class) scores
-    host_syncs = STEP_HOST_SYNCS   # per training step, by design (families/detr/__init__.py)
     net: nn.Module                 # .backbone, then the hybrid encoder
+    # The family contract's `static_shapes` (families/base.py): the denoising sizes its queries by
+    # the targets' padded width, not by a host read of the largest box count (denoise.py).
+    static_shapes = False
+    denoising = True               # RF-DETR has none
+
+    @property
+    def host_syncs(self) -> int:
+        """Host syncs of a training step on CUDA, by design (families/detr/__init__.py)."""
+        device = next(self.parameters()).device
+        denoising = DENOISING_HOST_SYNCS if self.denoising and not self.static_shapes else 0
+        return denoising + matcher.host_syncs(device)
 
     @property
     def capturable(self) -> nn.Module:

@@ -15,6 +15,8 @@ encoder/query-selection heads):
   extra      dict          family extras, every value batch-first (D-FINE: corners, refs, ...);
                            always `extra["input_wh"]` [B, 2] float, the input (w, h) in pixels,
                            which the criterion needs to normalise the pixel targets
+                           and, with dn queries, `extra["dn_live"]` [B, D] bool: False on the dead
+                           slots of a static-shape denoising (denoise.py), which the loss leaves out
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from torch import Tensor
 
 INPUT_WH = "input_wh"
+DN_LIVE = "dn_live"
 
 
 def input_wh(batch: int, h: int, w: int, device: torch.device) -> Tensor:

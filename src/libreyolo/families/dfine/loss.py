@@ -29,9 +29,9 @@ use_uni_set True by default):
 - MAL (matchability-aware, DEIM): BCE against (IoU one-hot)^gamma, weight p^gamma on negatives
   and 1 on the positive entry, gamma 1.5.
 Float32, vectorised over images, sets and layers (no loop over images), no `.item()`. This module
-adds no host sync: a D-FINE step's three (model.host_syncs, counted on the GPU by
-tests/gpu/test_detr_gpu.py) are the denoising group count (detr/denoise.py) and the matcher's
-one batched solve (detr/matcher.py), both needed for data-dependent shapes.
+adds no host sync: a D-FINE step's (model.host_syncs, counted on the GPU by
+tests/gpu/test_detr_gpu.py) are the denoising group count (detr/denoise.py; none under
+static_shapes) and, where the Triton solve is missing, the matcher's (detr/matcher.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from torch import Tensor
 
 from ..base import Targets
 from ..detr.boxes import cxcywh_to_xyxy, iou_giou
-from ..detr.criterion import DETRLoss, NormTargets, SetPairs, dn_pairs, normalise_targets
+from ..detr.criterion import DETRLoss, NormTargets, SetPairs, dn_live, dn_pairs, normalise_targets
 from ..detr.output import INPUT_WH, DETROutput
 from .decoder import box_to_distance, weighting_function
 
@@ -122,16 +122,16 @@ class DFINELoss(DETRLoss):
         ddf_w = self.ddf_weights(layers.mask[:, 0], n)
         ddf = self.ddf(out.logits, out.boxes, out.extra["corners"], layers, tgt, ddf_w)
         if out.dn_logits.shape[2] > 0:
-            g = out.dn_groups
+            g, live = out.dn_groups, dn_live(out)
             dn = dn_pairs(out.dn_target, out.dn_logits.shape[1], tgt.valid)
             dn_pre = dn_pairs(out.dn_target, 1, tgt.valid)
             for (logits, boxes), p in (((out.dn_logits, out.dn_boxes), dn),
                                        ((out.extra["dn_pre_logits"].unsqueeze(1),
                                          out.extra["dn_pre_boxes"].unsqueeze(1)), dn_pre)):
-                c, a, b = self.pair_terms(logits, boxes, p, tgt)
+                c, a, b = self.pair_terms(logits, boxes, p, tgt, live)
                 cls, l1, gi = cls + c / g, l1 + a / g, gi + b / g
             fgl = fgl + self.fgl(out.dn_boxes, out.extra["dn_corners"], out.extra["dn_refs"], dn, tgt) / g
-            ddf = ddf + self.ddf(out.dn_logits, out.dn_boxes, out.extra["dn_corners"], dn, tgt, ddf_w)
+            ddf = ddf + self.ddf(out.dn_logits, out.dn_boxes, out.extra["dn_corners"], dn, tgt, ddf_w, live)
         terms = [cls * self.gain_cls, l1 * self.gain_l1, gi * self.gain_giou, fgl * GAIN_FGL, ddf * GAIN_DDF]
         return torch.stack(terms, 1), n
 
@@ -175,8 +175,9 @@ class DFINELoss(DETRLoss):
         return (pos * DDF_BATCH_SCALE).sqrt(), (neg * DDF_BATCH_SCALE).sqrt(), n
 
     def ddf(self, logits: Tensor, boxes: Tensor, corners: Tensor, pairs: SetPairs, tgt: NormTargets,
-            weights: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-        """Layers 0..L-2 distilled from layer L-1 -> [B] (n_i times the image's mixed mean)."""
+            weights: tuple[Tensor, Tensor, Tensor], keep: Tensor | None = None) -> Tensor:
+        """Layers 0..L-2 distilled from layer L-1 -> [B] (n_i times the image's mixed mean); `keep
+        [B, Q]` (None: all) the queries that count, the dead dn slots left out of the unmatched mean."""
         layers = corners.shape[1]
         if layers < 2:
             return corners.new_zeros(corners.shape[0])
@@ -198,9 +199,10 @@ class DFINELoss(DETRLoss):
             weight.scatter_(2, aux.query, torch.where(aux.mask, iou, weight.gather(2, aux.query)))
         loss = kl * weight.unsqueeze(-1)
         m4 = matched.unsqueeze(-1).expand_as(loss)
-        pos_n, neg_n = m4.sum((2, 3)).float(), (~m4).sum((2, 3)).float()         # [B, L-1]
+        unmatched = ~m4 if keep is None else ~m4 & keep[:, None, :, None]
+        pos_n, neg_n = m4.sum((2, 3)).float(), unmatched.sum((2, 3)).float()     # [B, L-1]
         pos = torch.where(m4, loss, 0.0).sum((2, 3)) / pos_n.clamp(min=1)
-        neg = torch.where(m4, 0.0, loss).sum((2, 3)) / neg_n.clamp(min=1)
+        neg = torch.where(unmatched, loss, 0.0).sum((2, 3)) / neg_n.clamp(min=1)
         w_pos, w_neg, n = (w.unsqueeze(1) for w in weights)
         mixed = (pos * w_pos + neg * w_neg) / (w_pos + w_neg).clamp(min=1e-12)
         return (mixed * n).sum(1)
@@ -214,8 +216,7 @@ class DEIMLoss(DFINELoss):
     def classification(self, logits: Tensor, onehot: Tensor, score: Tensor) -> Tensor:
         p = logits.detach().sigmoid()
         weight = p.pow(MAL_GAMMA) * (1 - onehot) + onehot
-        bce = F.binary_cross_entropy_with_logits(logits, score.pow(MAL_GAMMA), weight=weight, reduction="none")
-        return bce.sum((1, 2, 3))
+        return F.binary_cross_entropy_with_logits(logits, score.pow(MAL_GAMMA), weight=weight, reduction="none")
 
 
 def criterion(model: Any, cfg: Any = None) -> DFINELoss:

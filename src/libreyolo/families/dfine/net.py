@@ -37,7 +37,7 @@ from ..detr.criterion import normalise_targets
 from ..detr.denoise import denoising_group, keep_in_graph
 from ..detr.layers import MLP
 from ..detr.model import DETRModel
-from ..detr.output import INPUT_WH, DETROutput, input_wh
+from ..detr.output import DN_LIVE, INPUT_WH, DETROutput, input_wh
 from ..detr.queries import QueryAnchors, take, topk_cells
 from ..detr.topk import decode
 from .decoder import FDRDecoder, prior_logit
@@ -150,7 +150,7 @@ class DFINEModel(DETRModel):
         if self.training and targets is not None:
             tg = normalise_targets(targets, wh)
             dn = denoising_group(tg.labels, tg.boxes, tg.valid, self.num_classes, q, self.dn_embed,
-                                 self.num_denoising, LABEL_NOISE, BOX_NOISE)
+                                 self.num_denoising, LABEL_NOISE, BOX_NOISE, static=self.static_shapes)
         if dn is not None:
             content = torch.cat((dn.queries.to(content.dtype), content), 1)
             ref = torch.cat((dn.boxes_unact.to(ref.dtype), ref), 1)
@@ -175,7 +175,8 @@ class DFINEModel(DETRModel):
             dn_groups=dn.groups if dn is not None else torch.ones(b, device=dev),
             extra={INPUT_WH: wh, "corners": corners, "refs": refs, "pre_logits": pre_logits,
                    "pre_boxes": pre_boxes, "dn_corners": dn_corners, "dn_refs": dn_refs,
-                   "dn_pre_logits": dn_pre_logits, "dn_pre_boxes": dn_pre_boxes},
+                   "dn_pre_logits": dn_pre_logits, "dn_pre_boxes": dn_pre_boxes,
+                   **({} if dn is None else {DN_LIVE: dn.live.expand(b, -1)})},
         )
 
     def predict(self, images: torch.Tensor) -> torch.Tensor:

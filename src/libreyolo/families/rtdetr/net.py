@@ -32,7 +32,7 @@ from ..detr.criterion import normalise_targets
 from ..detr.denoise import denoising_group, keep_in_graph
 from ..detr.layers import MLP, DecoderLayer, EncoderLayer
 from ..detr.model import DETRModel
-from ..detr.output import DETROutput, input_wh
+from ..detr.output import DN_LIVE, DETROutput, input_wh
 from ..detr.queries import QueryAnchors, take, topk_cells
 from ..detr.topk import decode
 
@@ -245,7 +245,8 @@ class RTDETRDecoder(nn.Module):
         init.xavier_uniform_(self.query_pos_head.layers[0].weight)
         init.xavier_uniform_(self.query_pos_head.layers[1].weight)
 
-    def forward(self, feats: Sequence[Tensor], targets: Targets | None, input_hw: tuple[int, int]) -> DETROutput:
+    def forward(self, feats: Sequence[Tensor], targets: Targets | None, input_hw: tuple[int, int],
+                static: bool = False) -> DETROutput:
         b = feats[0].shape[0]
         shapes = [(int(f.shape[2]), int(f.shape[3])) for f in feats]
         memory = torch.cat([f.flatten(2).transpose(1, 2) for f in feats], 1)  # [B, A, 256]
@@ -265,7 +266,7 @@ class RTDETRDecoder(nn.Module):
         if self.training and targets is not None and self.num_denoising > 0:
             tg = normalise_targets(targets, wh)
             dn = denoising_group(tg.labels, tg.boxes, tg.valid, self.num_classes, q,
-                                 self.denoising_class_embed, self.num_denoising)
+                                 self.denoising_class_embed, self.num_denoising, static=static)
         d = 0 if dn is None else dn.num_queries
         attn_mask = None
         if dn is not None:
@@ -282,7 +283,7 @@ class RTDETRDecoder(nn.Module):
             logits[:, :, :d], boxes[:, :, :d],
             empty if dn is None else dn.target,
             torch.ones(b, device=memory.device) if dn is None else dn.groups,
-            {"input_wh": wh})
+            {"input_wh": wh, **({} if dn is None else {DN_LIVE: dn.live.expand(b, -1)})})
 
     def _decode(self, x: Tensor, ref_unact: Tensor, memory: Tensor, shapes, attn_mask) -> tuple[Tensor, Tensor]:
         """-> (logits [B, L, D + Q, C], boxes [B, L, D + Q, 4]); eval mode: the last layer only."""
@@ -319,7 +320,7 @@ class RTDETRModel(DETRModel):
 
     def forward_train(self, captured: tuple[Tensor, ...], targets: Targets | None = None) -> DETROutput:
         h, w = captured[0].shape[2] * STRIDES[0], captured[0].shape[3] * STRIDES[0]
-        return self.decoder(captured, targets, (h, w))
+        return self.decoder(captured, targets, (h, w), static=self.static_shapes)
 
     def predict(self, images: Tensor) -> Tensor:
         """[B, Q, 4 + C]: xyxy input pixels, then sigmoid scores (float32); the last layer only."""

@@ -15,15 +15,15 @@ as for every family).
 
 from __future__ import annotations
 
-from ..base import DENOISING_HOST_READ, CapturePlan, FamilySpec, backbone_of
+from ..base import CapturePlan, FamilySpec, backbone_of
 from ..detr.criterion import criterion
 from .net import SIZES, build, build_v2
 
 _CAPTURE = CapturePlan("encoder", note=(
     "backbone + hybrid encoder (+ the decoder's input projections); query selection, "
     "denoising, decoder, Hungarian matching and loss stay eager: the denoising query count "
-    "follows the batch's largest box count (a new shape per step) and the matcher solves on "
-    "the host or in a data-dependent kernel"), whole=DENOISING_HOST_READ)
+    "follows the batch's largest box count (a new shape per step); cuda_graph=full captures all "
+    "of it, the denoising sized by the padded box slots"))
 
 
 _COMMON = {
