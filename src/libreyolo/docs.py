@@ -85,15 +85,19 @@ def capture_support_markdown() -> str:
     # anything at all: there is no backward, loss or optimizer to keep out (predict/graph.py).
     # cuda_graph=full captures the whole step where the family's plan has no `whole` reason, and
     # trains as `true` (saying the reason) where it has one (engine/fullstep.py).
-    rows = ["| family | task | training: `cuda_graph=true` region | `cuda_graph=full` | multi-GPU (DDP) | inference "
-            "(`predict`) | note (`true`) |",
-            "|---|---|---|---|---|---|---|"]
+    # compile=true compiles the network where it is the captured region (engine/builder.py).
+    rows = ["| family | task | training: `cuda_graph=true` region | `cuda_graph=full` | `compile=true` | multi-GPU (DDP) "
+            "| inference (`predict`) | note (`true`) |",
+            "|---|---|---|---|---|---|---|---|"]
     for spec in REGISTRY.values():
         plan = spec.capture
         region = plan.region if plan.region in ("network", "encoder") else "eager"
         note = plan.note if region != "eager" else plan.reason
         infer = "network + decode" if region != "eager" else "eager"
         whole = "eager" if region == "eager" else f"as `true`: {plan.whole}" if plan.whole else "whole step"
+        compiled = "the network" if region == "network" else "uncompiled: its region is not the whole network" \
+            if region == "encoder" else "eager"
         for task in spec.tasks:
-            rows.append(f"| {spec.display} | {task} | {region} | {_cell(whole)} | eager | {infer} | {_cell(note)} |")
+            rows.append(f"| {spec.display} | {task} | {region} | {_cell(whole)} | {compiled} | eager | {infer} "
+                        f"| {_cell(note)} |")
     return "\n".join(rows) + "\n"

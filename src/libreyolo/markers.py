@@ -46,3 +46,25 @@ def phase(name: str) -> contextlib.AbstractContextManager:
     if _recorder is None:
         return _NULL
     return _recorder.phase(name)
+
+
+_host_work: Any = None  # the active capture check's callback (engine/capture_check.py)
+
+
+@contextlib.contextmanager
+def watching_host_work(callback):
+    """`callback(what)` hears every `host_work` call inside (the capture check listens)."""
+    global _host_work
+    saved, _host_work = _host_work, callback
+    try:
+        yield
+    finally:
+        _host_work = saved
+
+
+def host_work(what: str) -> None:
+    """Code that computes on the host from device data says so here (the matcher's SciPy solve of a
+    copied cost matrix). On a CPU tensor no operator shows it, yet a CUDA graph could not repeat it:
+    the capture check hears it through this call and reports `what`."""
+    if _host_work is not None:
+        _host_work(what)

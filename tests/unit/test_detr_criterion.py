@@ -158,7 +158,7 @@ def test_seams_classification_and_extra_terms():
         extra_names = ("count",)
 
         def classification(self, logits, onehot, score):
-            return onehot.sum((1, 2, 3))  # matched pairs over every set
+            return onehot  # per entry: summed to the matched pairs over every set
 
         def extra_terms(self, out, pairs, tgt):
             return {"count": sum(p.mask.sum((1, 2)).float() for p in pairs.values())}

@@ -83,3 +83,56 @@ def test_the_registry_does_not_import_the_solvers():
             "print(sorted(m for m in ('scipy', 'torch_linear_assignment') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _fresh_caches(monkeypatch, module):
+    from libreyolo.families.detr import matcher
+
+    matcher._tla.cache_clear()
+    matcher._unchecked_triton.cache_clear()
+    monkeypatch.setitem(sys.modules, "torch_linear_assignment._triton", module)
+    monkeypatch.setattr("torch_linear_assignment._triton", module, raising=False)
+
+
+@pytest.mark.parametrize("has_switch", [True, False], ids=["with-switch", "without"])
+def test_the_unchecked_triton_solve_is_used_only_where_its_signature_has_the_switch(monkeypatch, has_switch):
+    """The private switch is checked by signature, not assumed: a torch-linear-assignment whose
+    Triton solve takes no `validation` keeps its checked (host-reading) solve."""
+    import types
+
+    from libreyolo.families.detr import matcher
+
+    calls = []
+    if has_switch:
+        def batch_linear_assignment(cost, *, validation="full"):
+            calls.append(validation)
+            return cost.argmin(-1)
+    else:
+        def batch_linear_assignment(cost):
+            calls.append(None)
+            return cost.argmin(-1)
+    _fresh_caches(monkeypatch, types.SimpleNamespace(batch_linear_assignment=batch_linear_assignment))
+    try:
+        fn = matcher._unchecked_triton()
+        if has_switch:
+            assert fn is not None
+            fn(torch.zeros(1, 2, 3))
+            assert calls == ["off"]
+        else:
+            assert fn is None
+    finally:
+        matcher._tla.cache_clear()
+        matcher._unchecked_triton.cache_clear()
+
+
+def test_a_cpu_solve_makes_no_device_sync_and_tells_the_capture_check():
+    """On CPU tensors the solve has no CUDA sync to count, but it runs on the host: it says so
+    through markers.host_work, which is what the whole-step capture check listens to."""
+    from libreyolo import markers
+    from libreyolo.families.detr.matcher import host_syncs
+
+    assert host_syncs(torch.device("cpu")) == 0
+    seen = []
+    with markers.watching_host_work(seen.append):
+        solve(torch.rand(1, 3, 5), torch.ones(1, 3, dtype=torch.bool), "scipy")
+    assert len(seen) == 1 and "host" in seen[0]

@@ -380,8 +380,8 @@ def test_capture_support_matrix_says_why_a_family_trains_eager(monkeypatch):
                                 capture=CapturePlan("none", "dynamic query count | per image"))
     monkeypatch.setattr(families, "REGISTRY", {"rtdetr": eager})
     assert capture_support_markdown().splitlines()[2:] == [
-        "| RT-DETR | detect | eager | eager | eager | eager | dynamic query count \\| per image |",
-        "| RT-DETR | segment | eager | eager | eager | eager | dynamic query count \\| per image |"]
+        "| RT-DETR | detect | eager | eager | eager | eager | eager | dynamic query count \\| per image |",
+        "| RT-DETR | segment | eager | eager | eager | eager | eager | dynamic query count \\| per image |"]
 
 
 def test_a_family_inherits_its_parents_recipe_and_names_where_each_value_comes_from(monkeypatch):

@@ -125,12 +125,12 @@ def test_ia_bce_by_hand():
     t = p[..., 0] ** 0.25 * 0.6 ** 0.75
     pos = -(t * torch.log(p[..., 0]) + (1 - t) * torch.log(1 - p[..., 0]))
     neg = p[..., 1] ** 2 * -torch.log(1 - p[..., 1])
-    assert torch.allclose(crit.classification(logits, onehot, score), (pos + neg).flatten(), atol=1e-6)
+    assert torch.allclose(crit.classification(logits, onehot, score).sum((1, 2, 3)), (pos + neg).flatten(), atol=1e-6)
     # a matched query whose box misses (IoU 0) still learns towards 0.01, not 0
     low = crit.classification(logits, onehot, torch.zeros_like(score))
     t = torch.tensor(0.01)
     pos = -(t * torch.log(p[..., 0]) + (1 - t) * torch.log(1 - p[..., 0]))
-    assert torch.allclose(low, (pos + neg).flatten(), atol=1e-6)
+    assert torch.allclose(low.sum((1, 2, 3)), (pos + neg).flatten(), atol=1e-6)
 
 
 def test_each_group_is_matched_and_the_loss_averages_the_groups():

@@ -4,7 +4,9 @@ A graph replays the kernels its capture recorded, with the shapes and host value
 call. So nothing in the captured region may read a device value on the host (`.item()`, `int()`,
 `bool()`, `if tensor:`), produce a tensor whose size depends on the data (`nonzero`, boolean-mask
 indexing, `unique`), or move a tensor between host and device: on a replay none of that would
-happen again, and the step would train on the capture's numbers. (The rules are those of the
+happen again, and the step would train on the capture's numbers. Host computation that no
+operator shows (a SciPy solve of a matrix already on the host) says so through
+`markers.host_work`, which the check hears too. (The rules are those of the
 PyTorch CUDA-graphs notes, "Constraints".) `CaptureCheck` is a dispatch mode that sees every
 operator the region runs, its backward's included, and keeps the first one that breaks a rule,
 with the line of our code that called it. It runs on any device: a CPU test checks every family
@@ -13,11 +15,14 @@ that a GPU run would capture, and `cuda_graph=full` checks the real step before 
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import markers
 
 aten = torch.ops.aten
 
@@ -26,7 +31,7 @@ _HOST_READS = (aten._local_scalar_dense.default, aten.is_nonzero.default)
 _MASKED = (aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
 _COPIES = (aten._to_copy.default, aten.copy_.default)
 _PACKAGE = Path(__file__).resolve().parents[1]  # src/libreyolo
-_HERE = Path(__file__).resolve()
+_SKIPPED = (Path(__file__).resolve(), Path(markers.__file__).resolve())  # the check's own frames
 
 
 class CaptureCheck(TorchDispatchMode):
@@ -35,6 +40,22 @@ class CaptureCheck(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.problem: str | None = None
+        self._listening: contextlib.ExitStack | None = None
+
+    def __enter__(self):
+        self._listening = contextlib.ExitStack()
+        self._listening.enter_context(markers.watching_host_work(self._host_work))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._listening.close()
+
+    def _host_work(self, what: str) -> None:
+        if self.problem is None:
+            self.problem = f"{what}{_caller()}"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -79,7 +100,7 @@ def _caller() -> str:
     """' at families/yolox/loss.py:120 (simota)': the innermost frame of our code outside this module."""
     for frame in reversed(traceback.extract_stack()):
         path = Path(frame.filename).resolve()
-        if path == _HERE or _PACKAGE not in path.parents:
+        if path in _SKIPPED or _PACKAGE not in path.parents:
             continue
         return f" at {path.relative_to(_PACKAGE).as_posix()}:{frame.lineno} ({frame.name})"
     return ""

@@ -15,6 +15,9 @@ A bucket is the images' (shape, dtype) with the targets' shapes, the detection t
 a power of two of boxes (`bucket_boxes`), so that a dataset's batches fall into a few buckets:
 every loss honours `Targets.valid` (tests/unit/test_families.py checks that padding changes no
 loss or gradient). The batch is copied into the bucket's static buffers before each replay.
+A model with `static_shapes` (the family contract, families/base.py: the DETRs) is switched to
+it, so that what it sized by a host read of the data (the denoising's query count) follows the
+bucket's padded width instead, its extra slots masked.
 
 What a replay cannot take from the host it takes from the device: the LR of every group and the
 EMA's blend weight are 0-d tensors that the host writes (`fill_`, a kernel argument, no sync)
@@ -117,6 +120,10 @@ class WholeStep:
         self.replayed_steps = 0
         self.eager_steps = 0
         self.eager_updates = 0
+        # A model that sizes part of its step by the data (the DETRs' denoising queries, by a host
+        # read of the largest box count) sizes it by the padded targets instead while this is on.
+        if hasattr(ctx.model, "static_shapes"):
+            ctx.model.static_shapes = True
 
     @property
     def enabled(self) -> bool:
@@ -295,6 +302,8 @@ class WholeStep:
         log.warning(f"cuda_graph=full: {reason}; training with cuda_graph=true")
         self._micro.clear()
         self._update = None
+        if hasattr(self.ctx.model, "static_shapes"):
+            self.ctx.model.static_shapes = False  # as cuda_graph=true trains it
         self.backend.release()
         if self.on_fallback is not None:
             self.on_fallback(reason)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..base import Targets
 from ..detr.boxes import cxcywh_to_xyxy, iou_giou
-from ..detr.criterion import dn_pairs, normalise_targets
+from ..detr.criterion import dn_live, dn_pairs, normalise_targets
 from ..detr.output import INPUT_WH, DETROutput
 from ..dfine.loss import DEIMLoss
 
@@ -75,7 +75,8 @@ class DEIMv2OwnSetLoss(DEIMv2Loss):
             dn_sets = ((out.dn_logits, out.dn_boxes),
                        (out.extra["dn_pre_logits"].unsqueeze(1), out.extra["dn_pre_boxes"].unsqueeze(1)))
             for logits, boxes in dn_sets:
-                c, a, g = self.pair_terms(logits, boxes, dn_pairs(out.dn_target, logits.shape[1], tgt.valid), tgt)
+                c, a, g = self.pair_terms(logits, boxes, dn_pairs(out.dn_target, logits.shape[1], tgt.valid), tgt,
+                                          dn_live(out))
                 cls, l1, gi = cls + c / groups, l1 + a / groups, gi + g / groups
         terms = [cls * self.gain_cls, l1 * self.gain_l1, gi * self.gain_giou]
         return torch.stack(terms, 1), tgt.valid.sum(1).float()

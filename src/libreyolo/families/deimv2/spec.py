@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import DENOISING_HOST_READ, CapturePlan, FamilySpec, backbone_of
+from ..base import CapturePlan, FamilySpec, backbone_of
 from .loss import criterion
 from .net import build
 
@@ -51,7 +51,6 @@ SPEC = FamilySpec(
     capture=CapturePlan("encoder", note=(
         "backbone + encoder (the LiteEncoder of atto/femto/pico, n's hybrid encoder); query "
         "selection, denoising, the FDR decoder, Hungarian matching and loss stay eager: the "
-        "denoising query count follows the batch's largest box count (a new shape per step) and "
-        "the matcher solves on the host or in a data-dependent kernel"),
-        whole=DENOISING_HOST_READ),
+        "denoising query count follows the batch's largest box count (a new shape per step); "
+        "cuda_graph=full captures all of it, the denoising sized by the padded box slots")),
 )

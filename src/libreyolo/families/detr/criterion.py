@@ -14,8 +14,9 @@ From rtdetrv2_pytorch/src/zoo/rtdetr/rtdetrv2_criterion.py and the r18 configs
 - one normaliser: the number of target boxes (PerImageLoss: B * sum_i raw_i / max(sum_i n_i, 1)).
 
 Seams for the other families:
-- `classification(logits, onehot, score)` is the class term; DEIM's MAL replaces it (and sets
-  `cls_name = "mal"`).
+- `classification(logits, onehot, score)` is the class term, elementwise ([B, S, Q, C], summed by
+  `pair_terms`, which leaves out the queries its `keep` mask drops: the dead dn slots of a
+  static-shape denoising, denoise.py); DEIM's MAL replaces it (and sets `cls_name = "mal"`).
 - `output_sets(out)` lists the matched sets (D-FINE adds its pre-head);
 - `match_cost(...)` is the Hungarian cost (DEIMv2 switches it late in training);
 - `extra_terms(out, pairs, targets)` returns more gain-weighted per-image sums ([B] each, keys
@@ -36,7 +37,7 @@ from ..base import Targets
 from ..common import PerImageLoss
 from .boxes import cxcywh_to_xyxy, iou_giou, xyxy_to_cxcywh
 from .matcher import match_cost, solve
-from .output import INPUT_WH, DETROutput
+from .output import DN_LIVE, INPUT_WH, DETROutput
 
 # rtdetrv2 configs/rtdetrv2/include/rtdetrv2_r50vd.yml RTDETRCriterionv2 (r18 inherits it).
 VFL_ALPHA, VFL_GAMMA = 0.75, 2.0
@@ -78,11 +79,10 @@ class DETRLoss(PerImageLoss):
 
     # ------------------------------------------------------------------ seams
     def classification(self, logits: Tensor, onehot: Tensor, score: Tensor) -> Tensor:
-        """VFL summed per image: logits/onehot/score [B, S, Q, C] -> [B] (upstream loss_labels_vfl)."""
+        """VFL per entry: logits/onehot/score [B, S, Q, C] -> [B, S, Q, C] (upstream loss_labels_vfl)."""
         p = logits.detach().sigmoid()
         weight = VFL_ALPHA * p.pow(VFL_GAMMA) * (1 - onehot) + score
-        bce = F.binary_cross_entropy_with_logits(logits, score, weight=weight, reduction="none")
-        return bce.sum((1, 2, 3))
+        return F.binary_cross_entropy_with_logits(logits, score, weight=weight, reduction="none")
 
     def output_sets(self, out: DETROutput) -> dict[str, tuple[Tensor, Tensor]]:
         """The Hungarian-matched sets, name -> (logits [B, S, Q, C], boxes [B, S, Q, 4])."""
@@ -108,7 +108,7 @@ class DETRLoss(PerImageLoss):
             cls, l1, gi = cls + c, l1 + a, gi + g
         if out.dn_logits.shape[2] > 0:
             pairs["dn"] = dn_pairs(out.dn_target, out.dn_logits.shape[1], tgt.valid)
-            c, a, g = self.pair_terms(out.dn_logits, out.dn_boxes, pairs["dn"], tgt)
+            c, a, g = self.pair_terms(out.dn_logits, out.dn_boxes, pairs["dn"], tgt, dn_live(out))
             cls, l1, gi = cls + c / out.dn_groups, l1 + a / out.dn_groups, gi + g / out.dn_groups
         terms = [cls * self.gain_cls, l1 * self.gain_l1, gi * self.gain_giou]
         extra = self.extra_terms(out, pairs, tgt)
@@ -138,8 +138,10 @@ class DETRLoss(PerImageLoss):
             start += k
         return out
 
-    def pair_terms(self, logits: Tensor, boxes: Tensor, pairs: SetPairs, tgt: NormTargets) -> tuple[Tensor, Tensor, Tensor]:
-        """(class, L1, 1 - GIoU) per image [B] of S sets: logits [B, S, Q, C], boxes [B, S, Q, 4]."""
+    def pair_terms(self, logits: Tensor, boxes: Tensor, pairs: SetPairs, tgt: NormTargets,
+                   keep: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """(class, L1, 1 - GIoU) per image [B] of S sets: logits [B, S, Q, C], boxes [B, S, Q, 4];
+        `keep [B, Q]` (None: all) the queries whose class term counts (a dropped query has no pair)."""
         b, s, q, c = logits.shape
         p = pairs.query.shape[2]
         pred = boxes.gather(2, pairs.query.unsqueeze(-1).expand(b, s, p, 4))
@@ -154,7 +156,10 @@ class DETRLoss(PerImageLoss):
         onehot = logits.new_zeros(b, s, q * c).scatter_add_(2, flat, pairs.mask.float()).view(b, s, q, c)
         score = logits.new_zeros(b, s, q * c).scatter_add_(
             2, flat, torch.where(pairs.mask, iou.detach(), zero)).view(b, s, q, c)
-        return self.classification(logits, onehot, score), l1, gi
+        cls = self.classification(logits, onehot, score)
+        if keep is not None:
+            cls = torch.where(keep[:, None, :, None], cls, zero)
+        return cls.sum((1, 2, 3)), l1, gi
 
 
 def normalise_targets(targets: Targets, wh: Tensor) -> NormTargets:
@@ -162,6 +167,11 @@ def normalise_targets(targets: Targets, wh: Tensor) -> NormTargets:
     scale = wh.float().repeat(1, 2).unsqueeze(1)  # [B, 1, 4]
     boxes = xyxy_to_cxcywh(targets.boxes.float() / scale)
     return NormTargets(boxes, targets.labels.long(), targets.valid.bool())
+
+
+def dn_live(out: DETROutput) -> Tensor | None:
+    """[B, D] the dn queries the loss counts (the live slots, denoise.py), or None: all of them."""
+    return out.extra.get(DN_LIVE)
 
 
 def dn_pairs(dn_target: Tensor, layers: int, valid: Tensor) -> SetPairs:

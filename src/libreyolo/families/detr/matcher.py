@@ -25,16 +25,23 @@ minimises the real cost: the rectangular optimum upstream's scipy call finds.
 Targets left on a dummy are unmatched. That case solves in float64 (K is large).
 
 Host syncs per call (the solve is the only one):
-  "tla" on CUDA (Triton): 2, the package's input checks (a NaN/-inf `.item()` and an
-      infeasibility `.item()`); the cost built here is finite, so both always pass;
-  "tla" on CPU and "scipy": the device->host copy of the [N, M, Q] cost (none on CPU tensors),
-      the solve on the host, and the host->device copy of the indices (from pageable memory:
-      benchmarks/assign_bench.py counted 2 syncs for the pair on the H200).
+  on CUDA with Triton (compute capability >= 8): none. torch-linear-assignment's Triton solve
+      runs without its two input checks (`validation="off"`), each a host read: a NaN/-inf
+      check, exact here because `solve` maps NaN and +-inf to finite costs first, and an
+      infeasibility flag, which cannot be raised on a finite matrix with rows <= columns (every
+      row's search then reaches an unassigned column), the shape `solve` always hands over.
+      So the solve can live inside a CUDA graph (cuda_graph=full);
+  otherwise ("scipy", or a torch-linear-assignment without that switch): the device->host copy
+      of the [N, M, Q] cost (none on CPU tensors), the solve on the host, and the host->device
+      copy of the indices (from pageable memory: benchmarks/assign_bench.py counted 2 syncs for
+      the pair on the H200). `markers.host_work` tells the capture check, which cannot see a
+      host solve on CPU tensors otherwise.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -42,11 +49,48 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ... import markers
 from .boxes import cxcywh_to_xyxy, pairwise_giou
 
 # rtdetrv2 configs/rtdetrv2/include/rtdetrv2_r50vd.yml (the r18 config inherits it).
 COST_CLASS, COST_BBOX, COST_GIOU = 2.0, 5.0, 2.0
 FOCAL_ALPHA, FOCAL_GAMMA = 0.25, 2.0
+
+@functools.cache
+def _unchecked_triton() -> Callable[[Tensor], Tensor] | None:
+    """torch-linear-assignment's Triton solve without its host-read input checks (module
+    docstring), or None where the package, Triton or that switch is missing. The switch lives in
+    the package's private module (0.1.0: `_triton.batch_linear_assignment(cost, validation=...)`),
+    so its signature is checked, not assumed: without it the solve keeps its checks."""
+    if _tla() is None:
+        return None
+    try:
+        from torch_linear_assignment import _triton
+    except ImportError:  # pragma: no cover - no Triton (a CPU-only torch)
+        return None
+    fn = getattr(_triton, "batch_linear_assignment", None)
+    try:
+        takes_switch = fn is not None and "validation" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        takes_switch = False
+    return functools.partial(fn, validation="off") if takes_switch else None
+
+
+def _device_solver(cost: Tensor) -> Callable[[Tensor], Tensor] | None:
+    """The solve that stays on the device for this cost, or None (a host solve, or one with host
+    reads). The package's own Triton floor: a CUDA tensor on compute capability >= 8."""
+    if not cost.is_cuda or torch.cuda.get_device_capability(cost.device) < (8, 0):
+        return None
+    return _unchecked_triton()
+
+
+def host_syncs(device: torch.device) -> int:
+    """Host syncs of one `solve` on `device` in a training step (module docstring)."""
+    if device.type != "cuda":
+        return 0
+    on_device = torch.cuda.get_device_capability(device) >= (8, 0) and _unchecked_triton() is not None
+    return 0 if on_device else 2
+
 
 @functools.cache
 def _tla() -> Callable[[Tensor], Tensor] | None:
@@ -116,9 +160,14 @@ def solve(cost: Tensor, valid: Tensor, backend: str = "auto") -> Match:
         cost = torch.cat((cost, dummy), 2)
     if n == 0 or m == 0:
         col = torch.zeros(n, m, dtype=torch.long, device=device)
+    elif resolve_backend(backend) == "tla" and (on_device := _device_solver(cost)) is not None:
+        col = on_device(cost.contiguous())
     elif resolve_backend(backend) == "tla":
+        markers.host_work("the Hungarian matcher's checked solve (torch-linear-assignment: two host reads on "
+                          "CUDA, SciPy on a CPU)")
         col = _tla()(cost.contiguous())
     else:
+        markers.host_work("the Hungarian matcher's SciPy solve on the host")
         col = _scipy_solve(cost).to(device, non_blocking=True)
     matched = valid & (col >= 0) & (col < q)
     return Match(col.clamp(0, q - 1) if q > 0 else col.clamp(min=0), matched)

@@ -37,13 +37,13 @@ class RFDETRLoss(DETRLoss):
     cls_name = "ia_bce"
 
     def classification(self, logits: Tensor, onehot: Tensor, score: Tensor) -> Tensor:
-        """IA-BCE summed per image: logits/onehot/score [B, S, Q, C] (score: the pair's IoU) -> [B]."""
+        """IA-BCE per entry: logits/onehot/score [B, S, Q, C] (score: the pair's IoU) -> [B, S, Q, C]."""
         p = logits.sigmoid()
         t = (p.detach().pow(IA_ALPHA) * score.pow(1 - IA_ALPHA)).clamp(min=IA_FLOOR)
         pos = onehot * t
         neg = onehot * (1 - t) + (1 - onehot) * p.pow(IA_GAMMA)
         # neg x - log sigmoid(x) (pos + neg): BCE(x, t) on a positive entry, p^2 BCE(x, 0) elsewhere
-        return (neg * logits - F.logsigmoid(logits) * (pos + neg)).sum((1, 2, 3))
+        return neg * logits - F.logsigmoid(logits) * (pos + neg)
 
     def output_sets(self, out: DETROutput) -> dict[str, tuple[Tensor, Tensor]]:
         """Each (layer, group) of the decoder and each group of the encoder as its own set: the

@@ -207,9 +207,9 @@ class Network(nn.Module):
 class RFDETRModel(DETRModel):
     """Training model (families/base.py; docs/architecture.md, "DETR families"): `capturable` is the
     whole network up to the loss (no denoising: static shapes); `forward_train` only names its
-    outputs. Host syncs per step: the matcher's two (detr/matcher.py), no denoising read."""
+    outputs. Host syncs per step: the matcher's alone (detr/matcher.py), no denoising read."""
 
-    host_syncs = 2
+    denoising = False
 
     def __init__(self, size: str, num_classes: int):
         super().__init__()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import MATCHER_HOST_READ, CapturePlan, FamilySpec, backbone_of
+from ..base import CapturePlan, FamilySpec, backbone_of
 from .loss import criterion
 from .net import ARCHS, build
 from .weights import load_backbone
@@ -46,6 +46,5 @@ SPEC = FamilySpec(
     capture=CapturePlan("encoder", note=(
         "normalisation + windowed ViT + projector + per-group query selection + decoder: "
         "everything but the Hungarian matching and the loss (no denoising queries, so every "
-        "shape follows the input's); the matcher solves on the host or in a data-dependent kernel"),
-        whole=MATCHER_HOST_READ),
+        "shape follows the input's); cuda_graph=full captures those too")),
 )
