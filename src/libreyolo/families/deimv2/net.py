@@ -124,13 +124,15 @@ class DEIMv2Model(DFINEModel):
                           static_query_pos=True,
                           share_corners=arch.share_corners)
 
-    def set_epoch(self, epoch: int, cfg) -> None:
+    def set_epoch(self, epoch: int, cfg) -> str | None:
         """From `iou_matching_from` of the epochs on, the Hungarian cost is -(p x IoU^4) (the
-        criterion reads `iou_matching`); the captured region is unchanged, so no re-capture."""
+        criterion reads `iou_matching`). The switch's reason re-arms the graphs: cuda_graph=full
+        captured the matching with the old cost (cuda_graph=true's encoder re-captures once)."""
         on = epoch >= self.arch.iou_matching_from * cfg.epochs
-        if on != self.iou_matching:
-            log.info(f"epoch {epoch + 1}: DEIMv2 matching by {'class score x IoU^4' if on else 'the focal/L1/GIoU cost'}")
-        self.iou_matching = on
+        changed, self.iou_matching = on != self.iou_matching, on
+        if changed:
+            return f"DEIMv2 matching by {'class score x IoU^4' if on else 'the focal/L1/GIoU cost'}"
+        return None
 
 
 def build(size: str, num_classes: int) -> DEIMv2Model:
