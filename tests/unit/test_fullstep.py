@@ -179,6 +179,82 @@ def test_the_step_graphs_are_re_captured_when_the_loss_changes(monkeypatch, capl
     assert ctx.whole.backend.captures == 3  # the micro-step again; the update graph is kept
 
 
+class _FailingUpdateCapturer(ReplayingCapturer):
+    """The micro-step captures and replays; the update's capture runs its Python as a real capture
+    does and fails in the optimizer's step (after the scaler unscaled), or its replay raises."""
+
+    def __init__(self, optimizer, at: str):
+        super().__init__()
+        self.optimizer, self.at = optimizer, at
+
+    def capture(self, body):
+        replay, out = super().capture(body)
+        if self.captures == 1:  # the micro-step
+            return replay, out
+        if self.at == "capture":
+            step = self.optimizer.step
+            self.optimizer.step = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("operation not permitted"))
+            try:
+                body()
+            finally:
+                self.optimizer.step = step
+
+        def failing_replay():
+            raise RuntimeError("graph replay failed")
+
+        return failing_replay, out
+
+
+@pytest.mark.parametrize("at", ["capture", "replay"])
+def test_a_failed_update_capture_or_replay_loses_no_update(monkeypatch, caplog, at):
+    """A live loss scaler (the float16 run's; the CPU has one too) left mid-step by a failed update
+    capture is reset, so the eager updates after it unscale again; a failed update replay runs its
+    step's update eagerly. Either way the run ends where the eager one does, with one line."""
+    eager, whole_ctx = _contexts(monkeypatch)
+    for ctx in (eager, whole_ctx):
+        ctx.precision.scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    whole_ctx.whole.backend = _FailingUpdateCapturer(whole_ctx.optimizer, at)
+    caplog.set_level(logging.INFO, logger="libreyolo")
+    for i in range(5):
+        batch = box_batch(i, 3)
+        torch.testing.assert_close(train_step(whole_ctx, batch, True), train_step(eager, batch, True),
+                                   rtol=1e-5, atol=1e-6)
+    stats = whole_ctx.whole.stats()
+    assert not stats["enabled"] and f"whole-step CUDA graph update {at} failed" in stats["fallback_reason"]
+    assert sum("training with cuda_graph=true" in r.getMessage() for r in caplog.records) == 1
+    torch.testing.assert_close(_flat(whole_ctx), _flat(eager), rtol=1e-5, atol=1e-6)
+    assert whole_ctx.ema.updates == eager.ema.updates == 5
+
+
+class _Compiled(torch.nn.Module):
+    """torch.compile's wrapper as the step sees it (`_orig_mod`), recording whether each call ran
+    under a dispatch mode (the capture check), where torch.compile would run the plain module."""
+
+    def __init__(self, module):
+        super().__init__()
+        self._orig_mod = module
+        self.under_mode: list[bool] = []
+
+    def forward(self, images):
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        self.under_mode.append(_get_current_dispatch_mode() is not None)
+        return self._orig_mod(images)
+
+
+def test_a_compiled_network_runs_once_outside_the_check_before_its_capture(monkeypatch):
+    import dataclasses
+
+    _, ctx = _contexts(monkeypatch)
+    compiled = _Compiled(ctx.whole.ctx.capturable)
+    ctx.whole.ctx = dataclasses.replace(ctx.whole.ctx, capturable=compiled)
+    train_step(ctx, box_batch(0, 3), True)  # the first sighting: eager, through the step's own module
+    train_step(ctx, box_batch(1, 3), True)  # the capture
+    # Outside the check (it compiles there), the checked warm-up, then the replay (this capturer
+    # records nothing: it replays by calling the function again).
+    assert compiled.under_mode == [False, True, False]
+
+
 def test_full_on_a_cpu_trains_eager_with_the_network_managers_line(caplog):
     spec = get_family("yolo9")
     caplog.set_level(logging.INFO, logger="libreyolo")

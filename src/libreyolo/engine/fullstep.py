@@ -200,6 +200,8 @@ class WholeStep:
                 self._update()
             except Exception as exc:
                 self._fail("update replay", exc, None)
+                # A replay that raised ran none of its kernels: this step's update runs eager.
+                apply_update(self.ctx)
                 return
         if ema is not None:
             ema.updates += 1
@@ -228,6 +230,9 @@ class WholeStep:
         try:
             replay, _ = self.backend.capture(body)
         except Exception as exc:
+            # A capture cut short can leave the loss scaler mid-step (unscaled, not updated): the
+            # next eager update would refuse to unscale again.
+            ctx.precision.reset_step_stage()
             self._fail("update capture", exc, None)
             return
         self._update = replay
@@ -254,6 +259,10 @@ class WholeStep:
         try:
             # The warm-up's BN updates are undone: the replays are the step's only ones.
             with _buffers_restored(ctx.model), markers.suspended():
+                if _compiled(ctx.capturable):
+                    # torch.compile runs the plain module under a dispatch mode (the check), so the
+                    # network compiles here, outside the check and the capture.
+                    warm()
                 with CaptureCheck() as check:
                     self.backend.warm_up(warm)
                 if check.problem is not None:
@@ -326,6 +335,11 @@ def _tensor_hyperparameters(groups: list[dict], lrs: list[Tensor]):
             g["lr"] = lr
             if capturable is not None:
                 g["capturable"] = capturable
+
+
+def _compiled(module) -> bool:
+    """Whether `module` is torch.compile's wrapper (compile=true), which keeps the plain one as `_orig_mod`."""
+    return hasattr(module, "_orig_mod")
 
 
 def _leaves(targets) -> list[Tensor]:

@@ -110,6 +110,12 @@ class Precision:
         # (engine/graphs.py), and eager training gets the same values (0 + g is exactly g).
         optimizer.zero_grad(set_to_none=False)
 
+    def reset_step_stage(self) -> None:
+        """Forget a step that did not finish (a CUDA graph capture cut short between unscale and
+        update): the scaler's per-optimizer record is what `update()` clears at a step's end."""
+        if self.scaler.is_enabled():
+            self.scaler._per_optimizer_states.clear()
+
     def skipped_steps(self) -> int:
         """Steps skipped by the scaler so far (syncs: call at epoch end only)."""
         return 0 if self._skipped is None else int(self._skipped)
