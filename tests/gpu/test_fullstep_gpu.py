@@ -26,24 +26,27 @@ RTOL = 1e-5
 COUNTS = [3, 12, 3, 20, 12, 3, 20, 12, 3, 20, 3, 12, 20, 3, 12, 20]
 
 
-def _contexts(family="yolo9", size="t", amp=True, amp_dtype="float16", optimizer="adamw", channels_last=True):
-    """(eager context, whole-step context) from the same initial weights."""
+def _contexts(family="yolo9", size="t", amp=True, amp_dtype="float16", optimizer="adamw", channels_last=True,
+              lr0=0.001, imgsz=256, graph="full", extra=None):
+    """(eager context, context with cuda_graph=`graph` and `extra`) from the same initial weights."""
     spec = get_family(family)
-    cfg = build_config({"model": f"{family}-{size}", "amp": amp, "amp_dtype": amp_dtype, "batch": 8, "imgsz": 256,
-                        "optimizer": optimizer, "lr0": 0.001, "channels_last": channels_last}, spec.defaults)
+    cfg = build_config({"model": f"{family}-{size}", "amp": amp, "amp_dtype": amp_dtype, "batch": 8, "imgsz": imgsz,
+                        "optimizer": optimizer, "lr0": lr0, "channels_last": channels_last}, spec.defaults)
     torch.manual_seed(0)
     init = spec.build(size, 10).state_dict()
     out = []
-    for graph in (False, "full"):
+    for delta in ({"cuda_graph": False}, {"cuda_graph": graph, **(extra or {})}):
         model = spec.build(size, 10)
         model.load_state_dict(init)
         model = model.to(DEVICE).train()
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
-        out.append(build_step_context(dataclasses.replace(cfg, cuda_graph=graph), spec, model, DEVICE))
-    eager, whole = out
-    assert eager.whole is None and whole.whole is not None and whole.graphs.hold
-    return eager, whole
+        out.append(build_step_context(dataclasses.replace(cfg, **delta), spec, model, DEVICE))
+    eager, other = out
+    assert eager.whole is None
+    if graph == "full":
+        assert other.whole is not None and other.graphs.hold
+    return eager, other
 
 
 def _flat(tensors):
@@ -153,21 +156,46 @@ def _quiet_denoising(monkeypatch):
         monkeypatch.setattr(module, "denoising_group", quiet)
 
 
+def _from_eager(ctx, eager) -> None:
+    """`ctx` takes the eager context's weights, buffers (BN statistics) and optimizer state, in place
+    (the captured kernels read these very tensors)."""
+    with torch.no_grad():
+        for w, e in zip(ctx.model.state_dict().values(), eager.model.state_dict().values()):
+            w.copy_(e)
+        for w, e in zip(ctx.params, eager.params):
+            for key, value in eager.optimizer.state[e].items():
+                if torch.is_tensor(value) and value.dim() > 0:
+                    ctx.optimizer.state[w][key].copy_(value)
+
+
+def _update_apart(ctx, eager, before) -> tuple[float, float, float]:
+    """(|replayed - eager| of the weights, |eager's update|, float32's rounding floor at the weights'
+    size): a weight whose update differs by an ulp of the update can round to the neighbouring
+    float32 of the weight, an ulp of the weight, however small the update."""
+    now = _flat(eager.params)
+    apart = float((_flat(ctx.params) - now).norm())
+    return apart, float((now - before).norm()), float(torch.finfo(torch.float32).eps * now.norm())
+
+
 @pytest.mark.parametrize("family, size", [("rtdetr", "r18"), ("dfine", "n"), ("rfdetr", "n")])
 def test_a_detr_captured_whole_trains_as_its_eager_step(monkeypatch, family, size):
     """A DETR's whole step (static denoising, the Triton solve without host reads) replayed over
     three box buckets gives the eager step's losses and updates, and its replays make no host
     sync. Each step starts from the eager step's weights and momentum: a from-scratch DETR
     amplifies rounding about tenfold a step (tests/unit/test_fullstep.py), so the trajectory
-    itself would test that, not the capture."""
+    itself would test that, not the capture. The updates agree to 1e-3 of an update above
+    float32's rounding of the weights (measured on an H100: 0.26-0.35% of an update at lr 0.001,
+    all of it that floor)."""
     _quiet_denoising(monkeypatch)
-    eager, whole = _contexts(family, size, amp=False, optimizer="sgd")
+    eager, whole = _contexts(family, size, amp=False, optimizer="sgd", lr0=0.01)
     assert whole.model.static_shapes and not eager.model.static_shapes
-    for i, boxes in enumerate(COUNTS[:9]):
+    counts = COUNTS[:14]  # each bucket's third sighting captures it: 3 at step 5, 12 at 7, 20 at 9
+    worst = 0.0
+    for i, boxes in enumerate(counts):
         batch = box_batch(i % 5, boxes, b=8, size=256, pin=True)
         before = _flat(eager.params)
         a = train_step(eager, batch, True)
-        if i >= 6:
+        if i >= 10:  # every bucket replays from here
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
         try:
@@ -175,42 +203,43 @@ def test_a_detr_captured_whole_trains_as_its_eager_step(monkeypatch, family, siz
         finally:
             torch.cuda.set_sync_debug_mode("default")
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=f"step {i}")
-        moved = (_flat(eager.params) - before).norm()
-        apart = (_flat(whole.params) - _flat(eager.params)).norm()
-        assert apart < 1e-3 * moved, (i, float(apart / moved))
-        with torch.no_grad():  # the next step from the eager one's state
-            for w, e in zip(whole.params, eager.params):
-                w.copy_(e)
-                for key, value in eager.optimizer.state[e].items():
-                    if torch.is_tensor(value) and value.dim() > 0:
-                        whole.optimizer.state[w][key].copy_(value)
+        apart, moved, floor = _update_apart(whole, eager, before)
+        assert floor < 0.05 * moved, (i, floor, moved)  # the bound below still sees a wrong update
+        assert apart < 1e-3 * moved + floor, (i, apart / moved, floor / moved)
+        worst = max(worst, apart / moved)
+        _from_eager(whole, eager)  # the next step from the eager one's state
     stats = whole.whole.stats()
-    print(f"\n[{family}-{size}] whole step: {stats}")
-    assert stats["enabled"] and stats["replayed_steps"] >= 3 and len(stats["buckets"]) == 3
+    print(f"\n[{family}-{size}] worst update apart / update {worst:.2e}; whole step: {stats}")
+    assert stats["enabled"] and stats["replayed_steps"] == len(counts) - 6 and len(stats["buckets"]) == 3
 
 
 @pytest.mark.parametrize("graph", [True, "full"])
 def test_compiled_network_inside_the_graphs_trains_as_eager(graph):
-    """compile=true under cuda_graph=true|full: inductor's kernels round differently from eager's, so
-    the check is the loss items' trajectory within 1e-2 and replays actually happening."""
-    spec = get_family("yolo9")
-    cfg = build_config({"model": "yolo9-t", "amp": True, "amp_dtype": "bfloat16", "batch": 8, "imgsz": 256,
-                        "optimizer": "adamw", "lr0": 0.001}, spec.defaults)
-    torch.manual_seed(0)
-    init = spec.build("t", 10).state_dict()
-    ctxs = []
-    for extra in ({}, {"cuda_graph": graph, "compile": True}):
-        model = spec.build("t", 10)
-        model.load_state_dict(init)
-        model = model.to(DEVICE).to(memory_format=torch.channels_last).train()
-        ctxs.append(build_step_context(dataclasses.replace(cfg, **extra), spec, model, DEVICE))
-    eager, compiled = ctxs
+    """compile=true under cuda_graph=true|full, at the settings of the bench arm float16+full+compile
+    (YOLOv9-t, 10 classes, batch 8 at 640, float16), so that the arm finds inductor's kernels cached.
+    Inductor's fused kernels keep float32 where eager rounds each operator to float16, so each step
+    starts from the eager step's state (weights, BN statistics, momentum, loss scale) and is
+    compared with it: loss items within 1e-2, the update within a tenth of an update (a step
+    missed or doubled is a whole one)."""
+    eager, compiled = _contexts(amp_dtype="float16", optimizer="sgd", lr0=0.01, imgsz=640,
+                                graph=graph, extra={"compile": True})
     assert compiled.graphs.module is not compiled.model.capturable  # the steps run the compiled wrapper
-    for i in range(10):
-        batch = synthetic_batch(seed=i % 4)
-        a = train_step(eager, batch, update=i % 2 == 1)
-        b = train_step(compiled, batch, update=i % 2 == 1)
+    worst = 0.0
+    for i in range(8):
+        batch = synthetic_batch(seed=i % 4, size=640)
+        for ctx in (eager, compiled):  # no overflow-skipped step on one side only
+            scaler = ctx.precision.scaler
+            scaler._init_scale = 1024.0  # its scale tensor is made at the first step
+            if scaler._scale is not None:
+                scaler._scale.fill_(1024.0)
+        before = _flat(eager.params)
+        a = train_step(eager, batch, update=True)
+        b = train_step(compiled, batch, update=True)
         torch.testing.assert_close(b, a, rtol=1e-2, atol=1e-3, msg=f"step {i}")
+        apart, moved, floor = _update_apart(compiled, eager, before)
+        assert apart < 0.1 * moved + floor, (i, apart / moved)
+        worst = max(worst, apart / moved)
+        _from_eager(compiled, eager)
     stats = compiled.whole.stats() if graph == "full" else compiled.graphs.stats()
-    print(f"\n[compile + cuda_graph={graph}] {stats}")
+    print(f"\n[compile + cuda_graph={graph}] worst update apart / update {worst:.2e}; {stats}")
     assert stats["enabled"] and stats["replayed_steps"] > 0
