@@ -37,10 +37,10 @@ def main() -> None:
             user = {"model": model, "data": args.data, "batch": batch, "imgsz": args.imgsz, "device": args.device}
             got = bench_step(user, args.arms.split(","), steps=args.steps, warmup=args.warmup, repeat=args.repeat)
             records += got
-            print("\n".join(arm_table(got).splitlines()[2:]), file=sys.stderr, flush=True)  # progress
             if args.out:  # after every (model, batch): a time-boxed device call keeps what finished
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(json.dumps(records, indent=1))
+            print("\n".join(arm_table(got).splitlines()[2:]), file=sys.stderr, flush=True)  # progress
     print(arm_table(records))
 
 

@@ -60,7 +60,8 @@ def arm_table(records: list[dict]) -> str:
             "synced fwd / loss / bwd / opt+ema ms | network share | peak MiB | graph replays |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-        s = r["synced_ms"]
+        s = r["synced_ms"]  # a whole-step replay marks no phase inside it: those print "-"
+        phases = " / ".join("-" if s.get(k) is None else f"{s[k]:.1f}" for k in ("forward", "loss", "backward", "optimizer+ema"))
         busy = "-" if r["kernel_busy_ms"] is None else f"{r['kernel_busy_ms']:.1f}"
         util = "-" if r["utilisation"] is None else f"{r['utilisation']:.2f}"
         peak = "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.0f}"
@@ -68,7 +69,7 @@ def arm_table(records: list[dict]) -> str:
         replays = f"{g['replayed_steps']}/{g['replayed_steps'] + g['eager_steps']}" if g.get("requested") else "-"
         rows.append(f"| {r['arch']} | {r['batch']} | {r['arm']} | {r['precision']} | "
                     f"{r['step_ms_min']:.1f} / {r['step_ms_median']:.1f} | {busy} | {util} | "
-                    f"{s['forward']:.1f} / {s['loss']:.1f} / {s['backward']:.1f} / {s['optimizer+ema']:.1f} | "
+                    f"{phases} | "
                     f"{r['network_share']:.2f} | {peak} | {replays} |")
     return "\n".join(rows)
 
