@@ -94,6 +94,7 @@ def test_the_whole_step_trains_as_the_eager_step(monkeypatch, optimizer):
     # Slots 8, 16 and 32 (pad_targets gives 8, 16, 24): each captured at its second sighting.
     assert sorted(stats["buckets"]) == sorted(f"2x3x64x64 uint8, {m} box slots an image" for m in (8, 16, 32))
     assert stats["replayed_steps"] == len(counts) - 3 and stats["eager_steps"] == 3
+    assert whole.captures == 3 + 1  # three micro-steps and the update (the profiler's window reads it)
     torch.testing.assert_close(_flat(whole_ctx), _flat(eager), rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(_ema_flat(whole_ctx), _ema_flat(eager), rtol=1e-5, atol=1e-6)
     assert whole_ctx.ema.updates == eager.ema.updates == len(counts) // 2

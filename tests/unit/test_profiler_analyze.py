@@ -147,6 +147,28 @@ def test_verdict_rules():
         assert "\n" not in v["reason"] + v["lever"]
 
 
+def test_the_levers_name_cuda_graph_full_where_the_step_can_be_captured_whole():
+    """whole_reason "" (the family's step captures whole) and no whole-step replay yet: the host-bound
+    and launch-bound levers point at cuda_graph=full; never for a step that syncs, a family that
+    cannot, a window already replaying it, or inference."""
+    host = _figures(idle_long_ms=6.0, whole_reason="")
+    assert A.verdict(host)["lever"].startswith("cuda_graph=full")
+    assert A.verdict({**host, "graphed": True})["lever"].startswith("cuda_graph=full")
+    for other in ({"whole_reason": "YOLOX's L1 branch"}, {"whole_reason": None}, {"whole_step": True, "graphed": True},
+                  {"syncs_per_step": A.HOST_SYNCS_PER_STEP}):
+        v = A.verdict({**host, **other})
+        assert v["name"] == "host-bound" and v["lever"].startswith("fix the code path"), other
+    assert "cuda_graph=full the whole step" in A.verdict(_figures(whole_reason=""))["lever"]
+    assert "cuda_graph=full" not in A.verdict(_figures(whole_reason="a reason"))["lever"]
+    graphed = A.verdict(_figures(graphed=True, whole_reason=""))
+    assert graphed["lever"].startswith("cuda_graph=full") and "loss 3.0 ms" in graphed["lever"]
+    replaying = A.verdict(_figures(graphed=True, whole_step=True, whole_reason=""))
+    assert "whole step already replays" in replaying["reason"] and "cuda_graph" not in replaying["lever"]
+    assert "compile=true" in replaying["lever"]
+    infer = A.verdict(_figures(graphed=True, whole_reason="", mode="infer", postprocess_syncs_per_step=0.0))
+    assert "cuda_graph=full" not in infer["lever"]
+
+
 def test_stats_ignores_missing_values():
     assert A.stats([1.0, None, 3.0]) == {"mean": 2.0, "std": pytest.approx(2 ** 0.5), "median": 2.0, "min": 1.0,
                                          "max": 3.0, "n": 2}

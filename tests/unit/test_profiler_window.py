@@ -329,3 +329,26 @@ def test_profile_run_and_bench_step_autotune_alike(tiny_data, asked, autotunes):
     user = plan(LibreYOLO("yolo9-t"), tiny_data, {**FAST, **asked})
     assert user["cudnn_benchmark"] is autotunes
     assert steady_autotune(build_config({"model": "yolo9-t", **FAST, **asked})) is autotunes
+
+
+def test_a_whole_step_run_counts_its_replays_and_captures_and_says_whether_full_applies():
+    """Under cuda_graph=full the network's manager is held (no replay, no capture of its own): the
+    window reads the whole step's counts, so its steps are judged graphed and a capture step is
+    left out; and the verdict learns whether cuda_graph=full applies or is already on."""
+    from libreyolo.profiler import window as W
+    from libreyolo.profiler.assemble import _whole
+
+    held = types.SimpleNamespace(enabled=True, replayed_steps=0, captures=0)
+    whole = types.SimpleNamespace(enabled=True, replayed_steps=5, captures=2, fallback_reason=None)
+    plan = types.SimpleNamespace(whole="")
+    trainer = types.SimpleNamespace(graphs=held, ctx=types.SimpleNamespace(whole=whole),
+                                    family=types.SimpleNamespace(capture=plan))
+    assert W._graph_counts(trainer) == (5, 2) and W._graphs_enabled(trainer)
+    assert _whole(trainer, "train") == (True, "") and _whole(trainer, "infer") == (False, None)
+    whole.enabled, whole.fallback_reason = False, "a host read at step.py:98"
+    assert _whole(trainer, "train") == (False, "a host read at step.py:98")
+    network_only = types.SimpleNamespace(graphs=types.SimpleNamespace(enabled=False, replayed_steps=0, captures=0),
+                                         ctx=types.SimpleNamespace(whole=None), family=types.SimpleNamespace(
+                                             capture=types.SimpleNamespace(whole="YOLOX's reason")))
+    assert W._graph_counts(network_only) == (0, 0) and not W._graphs_enabled(network_only)
+    assert _whole(network_only, "train") == (False, "YOLOX's reason")

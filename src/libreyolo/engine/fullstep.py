@@ -118,6 +118,7 @@ class WholeStep:
         self._ema_weight = torch.zeros((), device=ctx.device)
         self._said: set[str] = set()
         self.replayed_steps = 0
+        self.captures = 0  # graphs taken, micro-steps and the update (the profiler's window reads both counts)
         self.eager_steps = 0
         self.eager_updates = 0
         # A model that sizes part of its step by the data (the DETRs' denoising queries, by a host
@@ -236,6 +237,7 @@ class WholeStep:
             self._fail("update capture", exc, None)
             return
         self._update = replay
+        self.captures += 1
         log.info(f"CUDA graph of the optimizer update and EMA captured in {time.perf_counter() - t0:.2f} s")
 
     # --- the micro-step ---------------------------------------------------------------------------
@@ -274,6 +276,7 @@ class WholeStep:
             return None
         bucket.replay, bucket.items = replay, items
         self._micro[key] = bucket
+        self.captures += 1
         log.info(f"CUDA graph of the whole step captured for {_describe(key)} in {time.perf_counter() - t0:.2f} s")
         return bucket
 

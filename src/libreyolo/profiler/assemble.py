@@ -196,9 +196,12 @@ def assemble(trainer, steps: list[dict], trace: dict, tid: int, window: dict, ov
     alloc = None if allocator is None else {
         "alloc_retries": allocator["retries"], "alloc_calls_per_step": allocator["calls_per_step"],
         "reserved_mb": allocator["reserved_mb"], "limit_mb": allocator["limit_mb"], "alloc_conf": allocator["conf"]}
+    graphed = bool(overhead.get("graphed"))
+    whole_step, whole_reason = _whole(trainer, mode)
     figures = A.analyse_window(steps, events, syncs, cuda, trainer.cfg.workers, trainer.precision.describe(),
-                               graphed=bool(overhead.get("graphed")), mode=mode, designed_syncs=designed,
-                               allocator=alloc, cache=cache_mode(trainer))
+                               graphed=graphed, mode=mode, designed_syncs=designed, allocator=alloc,
+                               cache=cache_mode(trainer), whole_step=graphed and whole_step,
+                               whole_reason=whole_reason)
     A.second_half_phases(steps, events, cuda)
     memory = {**_memory(device), "allocator": allocator}
     run = _run_metadata(trainer)
@@ -280,6 +283,18 @@ def _memory(device: torch.device) -> dict:
         out["peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         out["peak_reserved_mb"] = torch.cuda.max_memory_reserved(device) / 2**20
     return out
+
+
+def _whole(trainer, mode: str) -> tuple[bool, str | None]:
+    """(whole-step graphs replay in this run, why cuda_graph=full cannot capture its step: "" where
+    it can, None for an inference window). A run whose whole step fell back gives its reason."""
+    if mode != "train":
+        return False, None
+    whole = getattr(getattr(trainer, "ctx", None), "whole", None)
+    if whole is not None and not whole.enabled:
+        return False, whole.fallback_reason or "the whole step fell back to network graphs"
+    plan = getattr(getattr(trainer, "family", None), "capture", None)
+    return whole is not None and whole.replayed_steps > 0, getattr(plan, "whole", "")
 
 
 def _graph_state(trainer) -> dict:

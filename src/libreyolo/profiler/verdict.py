@@ -31,6 +31,9 @@ the idle time. The rules, in order:
    `log_interval` is deferred on CUDA: it waits at most for the previous interval's copy,
    normally long done, and for the device at an epoch's end); a sync every step means the step
    waits on the GPU, which also keeps CUDA graphs from capturing it. `launch-bound` otherwise.
+   Where the family's training step can be captured whole and the window does not replay it whole
+   yet, both name `cuda_graph=full` first (a host-bound one only when the step makes no sync of its
+   own): a whole-step replay runs none of the step's Python and launches nothing one by one.
 
 On CPU there are no kernels: U = (W - data wait) / W, and the verdict is `compute-bound` when
 U >= COMPUTE_BOUND_UTIL, else `dataloader-bound` (waiting for data is the only idle a CPU step has).
@@ -110,7 +113,9 @@ def verdict(f: dict) -> dict:
 
     `f` keys: cuda, utilisation, step_ms, data_ms, idle_data_ms, idle_short_ms, idle_long_ms,
     syncs_per_step, kernels_per_step, kernel_median_us, host_phases [(name, ms)], workers, precision;
-    optional: graphed, mode ("train" when absent, or "infer"), for "infer"
+    optional: graphed, whole_step (the window replays whole-step graphs, cuda_graph=full),
+    whole_reason (training: "" where the family's step can be captured whole, else why not; absent
+    or None: not known), mode ("train" when absent, or "infer"), for "infer"
     postprocess_syncs_per_step, and designed_syncs_per_step (the syncs a training step makes by
     design, `model.host_syncs`: the DETRs' denoising count and matcher), which, like the
     postprocess syncs, do not count towards HOST_SYNCS_PER_STEP; the allocator figures of
@@ -161,13 +166,21 @@ def verdict(f: dict) -> dict:
                  else "a larger batch (postprocess and its syncs are paid once per batch), or a higher conf "
                       "(fewer boxes into NMS)")
         return {"name": "host-bound", "reason": reason, "lever": lever}
+    # cuda_graph=full replays the whole training step, its Python and launches gone, where the
+    # family's step can be captured (capture.whole is "") and the window is not replaying it yet.
+    full = not infer and f.get("whole_reason") == "" and not f.get("whole_step")
     if syncs >= HOST_SYNCS_PER_STEP or f["idle_long_ms"] > f["idle_short_ms"]:
+        if syncs < HOST_SYNCS_PER_STEP and full:
+            lever = ("cuda_graph=full (the whole step replays as one graph: the CPU work in those phases, loss, "
+                     "matching and optimizer included, no longer runs each step), or fix the code path")
+        else:
+            lever = "fix the code path (host syncs, CPU work in those phases); CUDA graphs help little"
         return {"name": "host-bound",
                 "reason": (f"GPU idle {1 - util:.0%} of the step while the CPU does other work: "
                            f"{f['syncs_per_step']:.1f} host syncs per step"
                            + (f" ({designed:g} of them the model's by design)" if designed else "")
                            + f"; top host phases: {top}"),
-                "lever": "fix the code path (host syncs, CPU work in those phases); CUDA graphs help little"}
+                "lever": lever}
     reason = (f"GPU busy {util:.0%}: idle between {f['kernels_per_step']:.0f} kernels per step "
               f"(median {f['kernel_median_us']:.0f} us) while the CPU launches them")
     if f.get("graphed"):
@@ -176,10 +189,18 @@ def verdict(f: dict) -> dict:
         if infer:
             return {"name": "launch-bound", "reason": f"{reason}; the forward already replays as a CUDA graph",
                     "lever": f"a larger batch (amortises the eager postprocess launches; top host phases: {top})"}
+        if f.get("whole_step"):
+            return {"name": "launch-bound", "reason": f"{reason}; the whole step already replays as a CUDA graph",
+                    "lever": "a larger batch, or compile=true (fewer, larger kernels)"}
+        if full:
+            return {"name": "launch-bound", "reason": f"{reason}; the network already runs as a CUDA graph",
+                    "lever": f"cuda_graph=full (the loss, optimizer and EMA replay in the graph too; top host "
+                             f"phases: {top}), or a larger batch"}
         return {"name": "launch-bound", "reason": f"{reason}; the network already runs as a CUDA graph",
                 "lever": f"a larger batch (amortises the eager loss/optimizer launches; top host phases: {top})"}
     if infer:
         return {"name": "launch-bound", "reason": reason,
                 "lever": "cuda_graph=true (inference capture: the forward replays as one graph), or a larger batch"}
     return {"name": "launch-bound", "reason": reason,
-            "lever": "cuda_graph=True (launch the network as one graph), or a larger batch"}
+            "lever": "cuda_graph=True (launch the network as one graph"
+                     + ("; cuda_graph=full the whole step" if full else "") + "), or a larger batch"}

@@ -355,14 +355,22 @@ class ProfilerHook(Hook):
         self.profile = profile
 
 
+def _managers(trainer) -> list:
+    """The run's CUDA graph managers: the network's (cuda_graph=true; held under full) and the
+    whole step's (cuda_graph=full, engine/fullstep.py), where the run has them."""
+    whole = getattr(getattr(trainer, "ctx", None), "whole", None)
+    return [m for m in (getattr(trainer, "graphs", None), whole) if m is not None]
+
+
 def _graph_counts(trainer) -> tuple[int, int]:
     """(replayed steps, captures) of the run's CUDA graphs so far (0, 0 without them)."""
-    graphs = getattr(trainer, "graphs", None)
-    return getattr(graphs, "replayed_steps", 0), getattr(graphs, "captures", 0)
+    managers = _managers(trainer)
+    return (sum(getattr(m, "replayed_steps", 0) for m in managers),
+            sum(getattr(m, "captures", 0) for m in managers))
 
 
 def _graphs_enabled(trainer) -> bool:
     """Whether the run's CUDA graphs are on. Then any step may capture: the first one at a shape's
     third sighting, a re-capture after an invalidation (YOLOX's L1 switch re-arms the graphs) or a
     new input size under multi_scale."""
-    return bool(getattr(getattr(trainer, "graphs", None), "enabled", False))
+    return any(bool(getattr(m, "enabled", False)) for m in _managers(trainer))
