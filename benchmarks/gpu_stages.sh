@@ -45,6 +45,9 @@
 #   bench-detr       bench step for the DETRs (DETR_MODELS, default every one) at batches DETR_BATCHES
 #                    (default 2 4 8), 640: float16 eager and graphed, fp32 where the family's recipe
 #                    trains without AMP (D-FINE, DEIM, RT-DETRv4); 16 steps after 6 warm-up
+#   bench-full       cuda_graph=full against true: every DETR (FULL_MODELS picks) at FULL_BATCHES (default
+#                    4 8), YOLOv9-t, YOLOX-t and RTMDet-t at 8, yolo9-t with full+compile too; float16, fp32
+#                    where the recipe trains without AMP; step_full_MODEL.json (REPEAT=3 for the targets)
 #   handoff          the eager step with gradients handed over (optim.GradHandoff) against autograd's
 #                    per-parameter adds: YOLOv9-t, YOLOX-t, RTMDet-t at batch 8, 640, fp32
 #                    (benchmarks/grad_handoff.py), handoff/MODEL.json
@@ -111,13 +114,18 @@ install_wheels() {  # install_wheels DIR TARGET: once per machine; a second lane
   [ -e "$2/.done" ] && return 0
   mkdir -p "$2"
   if mkdir "$2/.lock" 2>/dev/null; then
+    # A failed install takes its lock away, so that a lane waiting for it stops too (and a rerun retries).
     if ls "$1"/*.whl >/dev/null 2>&1; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" "$1"/*.whl || exit 1
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" "$1"/*.whl \
+        || { rmdir "$2/.lock"; exit 1; }
     fi
-    for t in "$1"/*.tar.xz; do [ -e "$t" ] && { tar xJf "$t" -C "$2" || exit 1; }; done
+    for t in "$1"/*.tar.xz; do [ -e "$t" ] && { tar xJf "$t" -C "$2" || { rmdir "$2/.lock"; exit 1; }; }; done
     touch "$2/.done"
   else
-    while [ ! -e "$2/.done" ]; do sleep 1; done
+    while [ ! -e "$2/.done" ]; do
+      [ -d "$2/.lock" ] || { echo "installing $1 failed in the other lane" >&2; exit 1; }
+      sleep 1
+    done
   fi
 }
 install_wheels .whl/base /tmp/site
@@ -230,6 +238,17 @@ stage_run() {
           && arms=fp32,fp32+graph
         matrix "step_$m" --models "$m" --batches ${DETR_BATCHES:-2 4 8} --arms $arms --steps 16 --warmup 6
         cat "$out/step_$m.md"
+      done ;;
+    bench-full)
+      # cuda_graph=full against true, the targets of docs/training-performance.md's whole-step section:
+      # the DETRs at FULL_BATCHES (default 4 8), the YOLO families at 8 (yolo9-t with full+compile too)
+      for m in ${FULL_MODELS:-$detrs yolo9-t yolox-t rtmdet-t}; do
+        p=float16
+        [ "$(python3 -c "from libreyolo.model import LibreYOLO; print(LibreYOLO('$m').source.defaults.get('amp', True))")" = False ] \
+          && p=fp32
+        arms=$p+graph,$p+full batches=${FULL_BATCHES:-4 8}
+        case "$m" in yolo9-t) arms=$arms,$p+full+compile batches=8 ;; yolox-t|rtmdet-t) batches=8 ;; esac
+        matrix "step_full_$m" --models "$m" --batches $batches --arms "$arms"
       done ;;
     handoff)
       mkdir -p "$out/handoff"
