@@ -45,9 +45,10 @@
 #   bench-detr       bench step for the DETRs (DETR_MODELS, default every one) at batches DETR_BATCHES
 #                    (default 2 4 8), 640: float16 eager and graphed, fp32 where the family's recipe
 #                    trains without AMP (D-FINE, DEIM, RT-DETRv4); 16 steps after 6 warm-up
-#   bench-full       cuda_graph=full against true: every DETR (FULL_MODELS picks) at FULL_BATCHES (default
-#                    4 8), YOLOv9-t, YOLOX-t and RTMDet-t at 8, yolo9-t with full+compile too; float16, fp32
-#                    where the recipe trains without AMP; step_full_MODEL.json (REPEAT=3 for the targets)
+#   bench-full       cuda_graph=full against true: every DETR at FULL_BATCHES (default 4 8), YOLOv9-t, YOLOX-t
+#                    and RTMDet-t at 8, yolo9-t with full+compile too (FULL_MODELS replaces the whole list);
+#                    float16, fp32 where the recipe trains without AMP; step_full_MODEL.json (REPEAT=3 for
+#                    the targets)
 #   handoff          the eager step with gradients handed over (optim.GradHandoff) against autograd's
 #                    per-parameter adds: YOLOv9-t, YOLOX-t, RTMDet-t at batch 8, 640, fp32
 #                    (benchmarks/grad_handoff.py), handoff/MODEL.json
@@ -249,6 +250,7 @@ stage_run() {
         arms=$p+graph,$p+full batches=${FULL_BATCHES:-4 8}
         case "$m" in yolo9-t) arms=$arms,$p+full+compile batches=8 ;; yolox-t|rtmdet-t) batches=8 ;; esac
         matrix "step_full_$m" --models "$m" --batches $batches --arms "$arms"
+        cat "$out/step_full_$m.md"
       done ;;
     handoff)
       mkdir -p "$out/handoff"

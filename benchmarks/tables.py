@@ -60,17 +60,24 @@ def arm_table(records: list[dict]) -> str:
             "synced fwd / loss / bwd / opt+ema ms | network share | peak MiB | graph replays |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-        s = r["synced_ms"]  # a whole-step replay marks no phase inside it: those print "-"
-        phases = " / ".join("-" if s.get(k) is None else f"{s[k]:.1f}" for k in ("forward", "loss", "backward", "optimizer+ema"))
+        s, whole = r["synced_ms"], r.get("whole_step") or {}
+        if whole.get("enabled"):
+            # cuda_graph=full: "forward" times the micro-step replay (forward, loss and backward in
+            # one graph) and "optimizer" the update's; the network's own share is not separable.
+            phases = f"whole {s.get('forward', 0.0):.1f} / - / - / {s.get('optimizer+ema', 0.0):.1f}"
+            share, g = "-", whole
+        else:  # a phase the step did not mark prints "-"
+            phases = " / ".join("-" if s.get(k) is None else f"{s[k]:.1f}" for k in ("forward", "loss", "backward", "optimizer+ema"))
+            share, g = f"{r['network_share']:.2f}", r.get("graph") or {}
         busy = "-" if r["kernel_busy_ms"] is None else f"{r['kernel_busy_ms']:.1f}"
         util = "-" if r["utilisation"] is None else f"{r['utilisation']:.2f}"
         peak = "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.0f}"
-        g = r.get("graph") or {}
-        replays = f"{g['replayed_steps']}/{g['replayed_steps'] + g['eager_steps']}" if g.get("requested") else "-"
+        counted = g.get("requested") or g.get("enabled")
+        replays = f"{g['replayed_steps']}/{g['replayed_steps'] + g['eager_steps']}" if counted else "-"
         rows.append(f"| {r['arch']} | {r['batch']} | {r['arm']} | {r['precision']} | "
                     f"{r['step_ms_min']:.1f} / {r['step_ms_median']:.1f} | {busy} | {util} | "
                     f"{phases} | "
-                    f"{r['network_share']:.2f} | {peak} | {replays} |")
+                    f"{share} | {peak} | {replays} |")
     return "\n".join(rows)
 
 

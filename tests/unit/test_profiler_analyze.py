@@ -165,6 +165,8 @@ def test_the_levers_name_cuda_graph_full_where_the_step_can_be_captured_whole():
     replaying = A.verdict(_figures(graphed=True, whole_step=True, whole_reason=""))
     assert "whole step already replays" in replaying["reason"] and "cuda_graph" not in replaying["lever"]
     assert "compile=true" in replaying["lever"]
+    compiled = A.verdict(_figures(graphed=True, whole_step=True, whole_reason="cuda_graph=full is on", compiled=True))
+    assert compiled["lever"] == "a larger batch"
     infer = A.verdict(_figures(graphed=True, whole_reason="", mode="infer", postprocess_syncs_per_step=0.0))
     assert "cuda_graph=full" not in infer["lever"]
 

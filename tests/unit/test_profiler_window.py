@@ -334,21 +334,39 @@ def test_profile_run_and_bench_step_autotune_alike(tiny_data, asked, autotunes):
 def test_a_whole_step_run_counts_its_replays_and_captures_and_says_whether_full_applies():
     """Under cuda_graph=full the network's manager is held (no replay, no capture of its own): the
     window reads the whole step's counts, so its steps are judged graphed and a capture step is
-    left out; and the verdict learns whether cuda_graph=full applies or is already on."""
+    left out. And the verdict learns whether switching cuda_graph=full on would capture the step:
+    never for a run that has it on (whatever its window replayed), that fell back or was refused,
+    a family that cannot, a CPU run or a torch without a fused step."""
+    import torch
+    from torch import nn
+
     from libreyolo.profiler import window as W
     from libreyolo.profiler.assemble import _whole
 
     held = types.SimpleNamespace(enabled=True, replayed_steps=0, captures=0)
     whole = types.SimpleNamespace(enabled=True, replayed_steps=5, captures=2, fallback_reason=None)
-    plan = types.SimpleNamespace(whole="")
-    trainer = types.SimpleNamespace(graphs=held, ctx=types.SimpleNamespace(whole=whole),
-                                    family=types.SimpleNamespace(capture=plan))
+    family = types.SimpleNamespace(display="YOLOv9", capture=types.SimpleNamespace(region="network", whole=""))
+    cfg = types.SimpleNamespace(cuda_graph="full")
+    trainer = types.SimpleNamespace(graphs=held, ctx=types.SimpleNamespace(whole=whole), family=family, cfg=cfg)
     assert W._graph_counts(trainer) == (5, 2) and W._graphs_enabled(trainer)
-    assert _whole(trainer, "train") == (True, "") and _whole(trainer, "infer") == (False, None)
+    assert _whole(trainer, "train") == (True, "cuda_graph=full is on") and _whole(trainer, "infer") == (False, None)
+    whole.replayed_steps = 0  # on, but nothing replayed yet: still not a lever to suggest
+    assert _whole(trainer, "train") == (True, "cuda_graph=full is on")
     whole.enabled, whole.fallback_reason = False, "a host read at step.py:98"
     assert _whole(trainer, "train") == (False, "a host read at step.py:98")
-    network_only = types.SimpleNamespace(graphs=types.SimpleNamespace(enabled=False, replayed_steps=0, captures=0),
-                                         ctx=types.SimpleNamespace(whole=None), family=types.SimpleNamespace(
-                                             capture=types.SimpleNamespace(whole="YOLOX's reason")))
-    assert W._graph_counts(network_only) == (0, 0) and not W._graphs_enabled(network_only)
-    assert _whole(network_only, "train") == (False, "YOLOX's reason")
+    trainer.ctx.whole = None  # refused at the start (its line said why)
+    assert "refused at the start" in _whole(trainer, "train")[1]
+
+    ctx = types.SimpleNamespace(whole=None, model=nn.Linear(2, 2), device=torch.device("cuda"),
+                                optimizer=types.SimpleNamespace(param_groups=[{"fused": True}]))
+    network_only = types.SimpleNamespace(graphs=types.SimpleNamespace(enabled=True, replayed_steps=3, captures=1),
+                                         ctx=ctx, family=family, cfg=types.SimpleNamespace(cuda_graph=True))
+    assert W._graph_counts(network_only) == (3, 1) and W._graphs_enabled(network_only)
+    assert _whole(network_only, "train") == (False, "")  # cuda_graph=full would capture it
+    ctx.optimizer.param_groups = [{"foreach": True}]
+    assert "fused optimizer" in _whole(network_only, "train")[1]
+    ctx.optimizer.param_groups, ctx.device = [{"fused": True}], torch.device("cpu")
+    assert "CUDA device" in _whole(network_only, "train")[1]
+    ctx.device, family.capture.whole = torch.device("cuda"), "YOLOX's reason"
+    assert "YOLOX's reason" in _whole(network_only, "train")[1]
+    assert _whole(types.SimpleNamespace(ctx=ctx, family=None), "train") == (False, None)

@@ -292,6 +292,7 @@ class WholeStep:
 
     def stats(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "replayed_steps": self.replayed_steps, "eager_steps": self.eager_steps,
+                "captures": self.captures,
                 "eager_updates": self.eager_updates, "buckets": [_describe(k) for k in self._micro],
                 "update_captured": self._update is not None, "fallback_reason": self.fallback_reason}
 

@@ -96,12 +96,13 @@ def timed_steps(steps: list[dict]) -> list[dict]:
 def analyse_window(steps: list[dict], events: list[dict], syncs: list[float], cuda: bool,
                    workers: int, precision: str, graphed: bool = False, mode: str = "train",
                    designed_syncs: float = 0.0, allocator: dict | None = None, cache: str | None = None,
-                   whole_step: bool = False, whole_reason: str | None = None) -> dict:
+                   whole_step: bool = False, whole_reason: str | None = None, compiled: bool = False) -> dict:
     """The window's utilisation, idle split and verdict (per-step figures are filled into `steps`
     too): step time, data wait and host phase times from the timed steps, kernels, syncs and the
     gap split from the recorded unsynchronised half (the module docstring). `graphed`: the window's
     steps replayed a CUDA graph, and `whole_step` whole-step graphs (cuda_graph=full); `whole_reason`:
-    why the training step cannot be captured whole, "" where it can, None where not known;
+    why cuda_graph=full would not help the training step, "" where switching it on would capture
+    the step, None where not known; `compiled`: the run has compile=true;
     `mode`: "train" or "infer" (the step that was measured); `allocator`: the figures of
     `memory_signals` (CUDA)."""
     first = [s for s in steps if s["half"] == 1]
@@ -130,7 +131,8 @@ def analyse_window(steps: list[dict], events: list[dict], syncs: list[float], cu
          "syncs_per_step": sum(s["syncs"] for s in first) / n, "kernels_per_step": len(durs) / n,
          "kernel_median_us": stats(durs)["median"] or 0.0,
          "host_phases": sorted(host.items(), key=lambda kv: -kv[1]), "workers": workers, "precision": precision,
-         "cache": cache, "graphed": graphed, "whole_step": whole_step, "whole_reason": whole_reason, "mode": mode,
+         "cache": cache, "graphed": graphed, "whole_step": whole_step, "whole_reason": whole_reason, "compiled": compiled,
+         "mode": mode,
          "designed_syncs_per_step": designed_syncs, **(allocator or {})}
     where = "unrecorded steps" if timed else "recorded steps: no unrecorded step of the window's kind"
     out = {"basis": (f"kernel busy (recorded steps) / step time ({where})" if cuda else

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from ..engine import fullstep
 from . import analyze as A
 from . import trace as T
 from .instruments import AllocatorWatch, Recorder
@@ -197,11 +198,11 @@ def assemble(trainer, steps: list[dict], trace: dict, tid: int, window: dict, ov
         "alloc_retries": allocator["retries"], "alloc_calls_per_step": allocator["calls_per_step"],
         "reserved_mb": allocator["reserved_mb"], "limit_mb": allocator["limit_mb"], "alloc_conf": allocator["conf"]}
     graphed = bool(overhead.get("graphed"))
-    whole_step, whole_reason = _whole(trainer, mode)
+    whole_on, whole_reason = _whole(trainer, mode)
     figures = A.analyse_window(steps, events, syncs, cuda, trainer.cfg.workers, trainer.precision.describe(),
                                graphed=graphed, mode=mode, designed_syncs=designed, allocator=alloc,
-                               cache=cache_mode(trainer), whole_step=graphed and whole_step,
-                               whole_reason=whole_reason)
+                               cache=cache_mode(trainer), whole_step=graphed and whole_on,
+                               whole_reason=whole_reason, compiled=bool(getattr(trainer.cfg, "compile", False)))
     A.second_half_phases(steps, events, cuda)
     memory = {**_memory(device), "allocator": allocator}
     run = _run_metadata(trainer)
@@ -286,15 +287,21 @@ def _memory(device: torch.device) -> dict:
 
 
 def _whole(trainer, mode: str) -> tuple[bool, str | None]:
-    """(whole-step graphs replay in this run, why cuda_graph=full cannot capture its step: "" where
-    it can, None for an inference window). A run whose whole step fell back gives its reason."""
+    """(the run replays whole-step graphs, why cuda_graph=full would not help it: "" where switching
+    it on would capture the step, None where that is not known, as for an inference window)."""
     if mode != "train":
         return False, None
-    whole = getattr(getattr(trainer, "ctx", None), "whole", None)
-    if whole is not None and not whole.enabled:
-        return False, whole.fallback_reason or "the whole step fell back to network graphs"
-    plan = getattr(getattr(trainer, "family", None), "capture", None)
-    return whole is not None and whole.replayed_steps > 0, getattr(plan, "whole", "")
+    ctx, family = getattr(trainer, "ctx", None), getattr(trainer, "family", None)
+    whole = getattr(ctx, "whole", None)
+    if whole is not None:
+        if whole.enabled:  # on already, whether or not this window's steps replayed it
+            return True, "cuda_graph=full is on"
+        return False, whole.fallback_reason
+    if ctx is None or getattr(family, "capture", None) is None:
+        return False, None
+    if getattr(trainer.cfg, "cuda_graph", None) == fullstep.FULL:
+        return False, "cuda_graph=full was asked for and refused at the start (its log line says why)"
+    return False, fullstep.unsupported_reason(ctx, family) or ""
 
 
 def _graph_state(trainer) -> dict:

@@ -31,9 +31,10 @@ the idle time. The rules, in order:
    `log_interval` is deferred on CUDA: it waits at most for the previous interval's copy,
    normally long done, and for the device at an epoch's end); a sync every step means the step
    waits on the GPU, which also keeps CUDA graphs from capturing it. `launch-bound` otherwise.
-   Where the family's training step can be captured whole and the window does not replay it whole
-   yet, both name `cuda_graph=full` first (a host-bound one only when the step makes no sync of its
-   own): a whole-step replay runs none of the step's Python and launches nothing one by one.
+   Where switching `cuda_graph=full` on would capture the training step whole, a host-bound window
+   whose step makes no sync of its own, and a launch-bound one that replays network graphs, name it
+   first (an eager launch-bound one names it after `cuda_graph=true`): a whole-step replay runs none
+   of the step's Python and launches nothing one by one.
 
 On CPU there are no kernels: U = (W - data wait) / W, and the verdict is `compute-bound` when
 U >= COMPUTE_BOUND_UTIL, else `dataloader-bound` (waiting for data is the only idle a CPU step has).
@@ -114,8 +115,8 @@ def verdict(f: dict) -> dict:
     `f` keys: cuda, utilisation, step_ms, data_ms, idle_data_ms, idle_short_ms, idle_long_ms,
     syncs_per_step, kernels_per_step, kernel_median_us, host_phases [(name, ms)], workers, precision;
     optional: graphed, whole_step (the window replays whole-step graphs, cuda_graph=full),
-    whole_reason (training: "" where the family's step can be captured whole, else why not; absent
-    or None: not known), mode ("train" when absent, or "infer"), for "infer"
+    whole_reason (training: "" where switching cuda_graph=full on would capture the step, else why
+    not; absent or None: not known), compiled (compile=true), mode ("train" when absent, or "infer"), for "infer"
     postprocess_syncs_per_step, and designed_syncs_per_step (the syncs a training step makes by
     design, `model.host_syncs`: the DETRs' denoising count and matcher), which, like the
     postprocess syncs, do not count towards HOST_SYNCS_PER_STEP; the allocator figures of
@@ -191,7 +192,7 @@ def verdict(f: dict) -> dict:
                     "lever": f"a larger batch (amortises the eager postprocess launches; top host phases: {top})"}
         if f.get("whole_step"):
             return {"name": "launch-bound", "reason": f"{reason}; the whole step already replays as a CUDA graph",
-                    "lever": "a larger batch, or compile=true (fewer, larger kernels)"}
+                    "lever": "a larger batch" + ("" if f.get("compiled") else ", or compile=true (fewer, larger kernels)")}
         if full:
             return {"name": "launch-bound", "reason": f"{reason}; the network already runs as a CUDA graph",
                     "lever": f"cuda_graph=full (the loss, optimizer and EMA replay in the graph too; top host "
