@@ -131,9 +131,8 @@ def analyse_window(steps: list[dict], events: list[dict], syncs: list[float], cu
          "syncs_per_step": sum(s["syncs"] for s in first) / n, "kernels_per_step": len(durs) / n,
          "kernel_median_us": stats(durs)["median"] or 0.0,
          "host_phases": sorted(host.items(), key=lambda kv: -kv[1]), "workers": workers, "precision": precision,
-         "cache": cache, "graphed": graphed, "whole_step": whole_step, "whole_reason": whole_reason, "compiled": compiled,
-         "mode": mode,
-         "designed_syncs_per_step": designed_syncs, **(allocator or {})}
+         "cache": cache, "graphed": graphed, "whole_step": whole_step, "whole_reason": whole_reason,
+         "compiled": compiled, "mode": mode, "designed_syncs_per_step": designed_syncs, **(allocator or {})}
     where = "unrecorded steps" if timed else "recorded steps: no unrecorded step of the window's kind"
     out = {"basis": (f"kernel busy (recorded steps) / step time ({where})" if cuda else
                      f"(step - data wait) / step time ({where})"),

@@ -167,8 +167,8 @@ def verdict(f: dict) -> dict:
                  else "a larger batch (postprocess and its syncs are paid once per batch), or a higher conf "
                       "(fewer boxes into NMS)")
         return {"name": "host-bound", "reason": reason, "lever": lever}
-    # cuda_graph=full replays the whole training step, its Python and launches gone, where the
-    # family's step can be captured (capture.whole is "") and the window is not replaying it yet.
+    # cuda_graph=full replays the whole training step, its Python and launches gone: a lever where
+    # switching it on would capture the step (whole_reason "", assemble._whole) and it is not on.
     full = not infer and f.get("whole_reason") == "" and not f.get("whole_step")
     if syncs >= HOST_SYNCS_PER_STEP or f["idle_long_ms"] > f["idle_short_ms"]:
         if syncs < HOST_SYNCS_PER_STEP and full:
