@@ -82,8 +82,10 @@ class FakeLoop:
         self.graphs = types.SimpleNamespace(enabled=bool(capture_at), captures=0, replayed_steps=0,
                                             stats=lambda: {"enabled": self.graphs.enabled, "replayed_steps": 0})
         self.weight = torch.ones(4, requires_grad=True)
-        self.ctx = types.SimpleNamespace(capturable=self.network)
         self.model = types.SimpleNamespace(host_syncs=0)
+        # A step context as the builder makes it on CUDA: a fused optimizer step, no whole-step graphs.
+        self.ctx = types.SimpleNamespace(capturable=self.network, model=self.model, device=self.device, whole=None,
+                                         optimizer=types.SimpleNamespace(param_groups=[{"fused": True}]))
         self.steps_per_epoch, self.epoch, self.stop = 100, 0, False
         self.corr = itertools.count(1)
 
