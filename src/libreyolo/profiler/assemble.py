@@ -286,13 +286,17 @@ def _memory(device: torch.device) -> dict:
     return out
 
 
+def whole_step_manager(trainer):
+    """The run's whole-step graphs (cuda_graph=full, engine/fullstep.WholeStep), or None."""
+    return getattr(getattr(trainer, "ctx", None), "whole", None)
+
+
 def _whole(trainer, mode: str) -> tuple[bool, str | None]:
     """(the run replays whole-step graphs, why cuda_graph=full would not help it: "" where switching
     it on would capture the step, None where that is not known, as for an inference window)."""
     if mode != "train":
         return False, None
-    ctx, family = getattr(trainer, "ctx", None), getattr(trainer, "family", None)
-    whole = getattr(ctx, "whole", None)
+    ctx, family, whole = getattr(trainer, "ctx", None), getattr(trainer, "family", None), whole_step_manager(trainer)
     if whole is not None:
         if whole.enabled:  # on already, whether or not this window's steps replayed it
             return True, "cuda_graph=full is on"
@@ -312,7 +316,7 @@ def _graph_state(trainer) -> dict:
     pool = s.get("pool_mb")
     state = {"enabled": bool(s.get("enabled", True)), "replayed_steps": int(s.get("replayed_steps", 0)),
              "pool_mb": None if pool is None else float(pool)}
-    whole = getattr(getattr(trainer, "ctx", None), "whole", None)
+    whole = whole_step_manager(trainer)
     if whole is not None:  # cuda_graph=full: its replays are whole steps (the network manager is held)
         w = whole.stats()
         state.update(whole_step=bool(w["enabled"]), replayed_steps=state["replayed_steps"] + w["replayed_steps"])

@@ -55,7 +55,7 @@ import torch
 from .. import markers
 from ..engine.run import Hook
 from . import trace as T
-from .assemble import allocator_figures, assemble, host_op_figures, overhead, step_records
+from .assemble import allocator_figures, assemble, host_op_figures, overhead, step_records, whole_step_manager
 from .instruments import AllocatorWatch, Recorder, RegionTimer, clock_pair
 
 log = logging.getLogger("libreyolo")
@@ -358,8 +358,7 @@ class ProfilerHook(Hook):
 def _managers(trainer) -> list:
     """The run's CUDA graph managers: the network's (cuda_graph=true; held under full) and the
     whole step's (cuda_graph=full, engine/fullstep.py), where the run has them."""
-    whole = getattr(getattr(trainer, "ctx", None), "whole", None)
-    return [m for m in (getattr(trainer, "graphs", None), whole) if m is not None]
+    return [m for m in (getattr(trainer, "graphs", None), whole_step_manager(trainer)) if m is not None]
 
 
 def _graph_counts(trainer) -> tuple[int, int]:
