@@ -156,6 +156,9 @@ train() {  # train NAME KEY=VALUE...: a training run; its results.csv and log co
   grep -E "CUDA graph|precision:|cuda_graph|invalidated|skipped|non-finite" "$out/$name.log" | head -20
   tail -3 "$out/$name.log"
 }
+recipe_precision() {  # recipe_precision MODEL: fp32 where the family's recipe trains without AMP, else float16
+  python3 -c "from libreyolo.model import LibreYOLO; print('float16' if LibreYOLO('$1').source.defaults.get('amp', True) else 'fp32')"
+}
 six=fp32,fp32+graph,float16,float16+graph,bfloat16,bfloat16+graph
 detrs="rtdetr-r18 rtdetrv2-r18 dfine-n dfine-s deim-n deim-s rtdetrv4-s deimv2-atto deimv2-femto ec-s ec-m"
 
@@ -234,9 +237,8 @@ stage_run() {
       matrix step_families_b2_b32 --models yolox-t rtmdet-t --batches 2 32 --arms float16,float16+graph ;;
     bench-detr)
       for m in ${DETR_MODELS:-$detrs}; do
-        arms=float16,float16+graph
-        [ "$(python3 -c "from libreyolo.model import LibreYOLO; print(LibreYOLO('$m').source.defaults.get('amp', True))")" = False ] \
-          && arms=fp32,fp32+graph
+        p=$(recipe_precision "$m")
+        arms=$p,$p+graph
         matrix "step_$m" --models "$m" --batches ${DETR_BATCHES:-2 4 8} --arms $arms --steps 16 --warmup 6
         cat "$out/step_$m.md"
       done ;;
@@ -244,9 +246,7 @@ stage_run() {
       # cuda_graph=full against true, the targets of docs/training-performance.md's whole-step section:
       # the DETRs at FULL_BATCHES (default 4 8), the YOLO families at 8 (yolo9-t with full+compile too)
       for m in ${FULL_MODELS:-$detrs yolo9-t yolox-t rtmdet-t}; do
-        p=float16
-        [ "$(python3 -c "from libreyolo.model import LibreYOLO; print(LibreYOLO('$m').source.defaults.get('amp', True))")" = False ] \
-          && p=fp32
+        p=$(recipe_precision "$m")
         arms=$p+graph,$p+full batches=${FULL_BATCHES:-4 8}
         case "$m" in yolo9-t) arms=$arms,$p+full+compile batches=8 ;; yolox-t|rtmdet-t) batches=8 ;; esac
         matrix "step_full_$m" --models "$m" --batches $batches --arms "$arms"
