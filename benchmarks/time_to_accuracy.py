@@ -9,7 +9,7 @@ one after another, never side by side. Both trainers get YOLOv9-t from scratch, 
 same image size and workers, mosaic 1.0 to the end, mixup 0, scale 0.5, and validation only
 after the last epoch. Arms:
 
-    ours-graph, ours-eager       our defaults, with and without cuda_graph=true
+    ours-graph, ours-eager       our defaults with cuda_graph=true, and with cuda_graph=false
     ours-sgd-graph               ours with SGD lr0 0.01 (the peer's SGD arm's optimizer)
     peer-default, peer-sgd       the peer at its defaults (optimizer=auto), and with SGD lr0 0.01
 
@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 SHARED = {"mosaic": 1.0, "mixup": 0.0, "scale": 0.5}
 ARMS = {
     "ours-graph": {"cuda_graph": "true"},
-    "ours-eager": {},
+    "ours-eager": {"cuda_graph": "false"},
     "ours-sgd-graph": {"cuda_graph": "true", "optimizer": "sgd", "lr0": "0.01"},
     "peer-default": {"optimizer": "auto"},
     "peer-sgd": {"optimizer": "SGD", "lr0": "0.01"},

@@ -39,7 +39,7 @@ def profile_eager(model: str, batch: int, skip: int, steps: int, work: Path) -> 
     """An eager profile run in its own process: (its run directory, wall seconds)."""
     project = work / f"{model}_b{batch}"
     cmd = [sys.executable, "-m", "libreyolo", "profile", "run", "shapes", "--weights", model, "--json",
-           "imgsz=640", f"batch={batch}", f"nbs={batch}", "amp=true", "amp_dtype=float16", "workers=8",
+           "imgsz=640", f"batch={batch}", f"nbs={batch}", "amp=true", "amp_dtype=float16", "workers=8", "cuda_graph=false",
            f"profile_skip={skip}", f"profile_steps={steps}", f"project={project}", "exist_ok=true", "name=eager"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work)

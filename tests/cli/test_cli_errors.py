@@ -23,7 +23,7 @@ CASES = [
     (["train", "data=shapes"], "no model given"),
     (["train", "model=yolo9-t"], "no dataset given: pass data=NAME"),
     (["train", "model=yolo9-t", "data=shapes", "imgsz=100"], "bad value for 'imgsz': 100 (allowed: a multiple of 32)"),
-    (["train", "model=yolo9-t", "data=shapes", "cuda_graph=maybe"], "bad value for 'cuda_graph': 'maybe' (allowed: full|bool)"),
+    (["train", "model=yolo9-t", "data=shapes", "cuda_graph=maybe"], "bad value for 'cuda_graph': 'maybe' (allowed: auto|full|bool)"),
     (["train", "model=foo", "data=shapes"], "unknown model 'foo': not a file, an official weights name"),
     (["train", "model=missing.pt", "data=shapes"], "weights file 'missing.pt' does not exist"),
     (["train", "model=yolo9-x", "data=shapes"], "unknown model 'yolo9-x'"),

@@ -64,6 +64,7 @@ def test_every_key_has_doc_and_describable_type():
     assert TrainConfig().to_dict()["imgsz"] == 640
 
 
-def test_cuda_graph_is_a_plain_bool_key():
+def test_cuda_graph_takes_a_bool_or_auto_and_defaults_to_auto():
     assert build_config({"cuda_graph": True}).cuda_graph is True
     assert build_config({"cuda_graph": False}).cuda_graph is False
+    assert build_config({}).cuda_graph == "auto" == build_config({"cuda_graph": "auto"}).cuda_graph

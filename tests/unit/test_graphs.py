@@ -283,6 +283,35 @@ def test_supported_run_is_armed_silently_and_off_when_not_requested(libreyolo_lo
     assert lines(libreyolo_log) == []
 
 
+@pytest.mark.parametrize("case, want, said", [
+    ({}, True, "cuda_graph=auto: on, the network's forward and backward replay from a CUDA graph once a batch "
+               f"size is seen {CAPTURE_AFTER} times (cuda_graph=false trains eager)"),
+    ({"family": SimpleNamespace(display="RT-DETR", capture=CapturePlan("encoder"))}, True,
+     "cuda_graph=auto: on, the backbone and encoder's forward and backward replay"),
+    ({"multi_scale": True}, False, "cuda_graph=auto: off, multi_scale=true changes the batch's size"),
+    ({"family": SimpleNamespace(display="X", capture=CapturePlan("none", "dynamic query count"))}, False,
+     "cuda_graph=auto: off, X has no capturable region (dynamic query count)"),
+    ({"world": "2"}, False, "cuda_graph=auto: off, not available under multi-GPU training"),
+    ({"device": torch.device("cpu")}, False, None),  # no graph can be asked for on a CPU: nothing to say
+    ({"cuda_graph": True}, True, None), ({"cuda_graph": False}, False, None), ({"cuda_graph": "full"}, "full", None),
+])
+def test_auto_is_decided_per_run_and_said_in_one_line(monkeypatch, case, want, said):
+    if "world" in case:
+        monkeypatch.setenv("WORLD_SIZE", case["world"])
+    cfg = SimpleNamespace(cuda_graph=case.get("cuda_graph", "auto"), multi_scale=case.get("multi_scale", False))
+    got, line = graphs.resolve_auto(cfg, MODEL, case.get("family", FAMILY), case.get("device", CUDA))
+    assert got == want and type(got) is type(want)
+    assert (line is None) if said is None else line.startswith(said)
+
+
+def test_auto_left_unresolved_builds_an_eager_manager(libreyolo_log):
+    """A step context built outside a training run (bench step's arms, tests) trains eager at the
+    default: only the trainer decides `auto`."""
+    manager = GraphManager.for_run(MODEL, SimpleNamespace(cuda_graph="auto"), FAMILY, CUDA, PRECISION)
+    assert manager.step_callable is MODEL.capturable and not manager.requested
+    assert lines(libreyolo_log) == []
+
+
 def test_real_backend_is_the_default_and_asks_for_thread_local_capture():
     manager = GraphManager(Tiny())
     assert isinstance(manager.backend, graphs.CudaGraphBackend)

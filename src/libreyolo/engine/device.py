@@ -102,7 +102,7 @@ def out_of_memory_as_error(cfg, device: torch.device):
         half = max(cfg.batch // 2, 1)
         lower = f"lower batch (e.g. batch={half}) or imgsz" if cfg.batch > 1 else "lower imgsz"
         raise OutOfMemory(f"out of memory on {device} at batch={cfg.batch} imgsz={cfg.imgsz}: {lower}"
-                          + (", or set cuda_graph=false" if cfg.cuda_graph else "")) from None
+                          + (", or set cuda_graph=false" if cfg.cuda_graph in (True, "full") else "")) from None
 
 
 def device_name(device: torch.device) -> str:

@@ -126,7 +126,7 @@ class GraphManager:
         steps run for `model.capturable` (its compiled form under compile=true), else that.
         """
         module = model.capturable if module is None else module
-        if not getattr(cfg, "cuda_graph", False):
+        if getattr(cfg, "cuda_graph", False) in (False, AUTO):  # auto unresolved (bench step, tests): eager
             return cls.off(module, None)
         reason = unsupported_reason(model, family, device)
         asked = "full" if cfg.cuda_graph == "full" else "true"
@@ -243,6 +243,36 @@ class GraphManager:
                 "captured_shapes": [list(key[0]) for key in self._graphs],
                 "pool_mb": sum(known) if known else None,
                 "fallback_reason": self.fallback_reason}
+
+
+# cuda_graph=auto, the default: the trainer decides it once per run (resolve_auto below); a step
+# context built outside a training run (bench step's arms, tests) trains eager unless it asks.
+AUTO = "auto"
+_REGION = {"network": "the network's forward and backward", "encoder": "the backbone and encoder's forward and backward"}
+
+
+def resolve_auto(cfg: Any, model: nn.Module, family: Any, device: torch.device) -> tuple[bool | str, str | None]:
+    """What `cuda_graph=auto` trains with in this run, and the line that says so (None on a CPU,
+    where no graph can be asked for): true on one CUDA device for batches of one size, else false.
+
+    Graphed = eager within each family's numerics (tests/gpu), the capture costs a few eager steps
+    and one pool of activations, and a failed capture trains on eager with one line, so a default
+    of eager left a launch-bound step 2-5x slower than it needs to be (docs/training-performance.md).
+    multi_scale=true varies the batch's size and only one size is captured (MAX_GRAPHS): most
+    steps would run eager beside the graph's memory, so auto leaves it off there."""
+    asked = getattr(cfg, "cuda_graph", False)
+    if asked != AUTO:
+        return asked, None
+    if device.type != "cuda":
+        return False, None
+    reason = unsupported_reason(model, family, device)
+    if reason is not None:
+        return False, f"cuda_graph=auto: off, {reason}"
+    if getattr(cfg, "multi_scale", False):
+        return False, ("cuda_graph=auto: off, multi_scale=true changes the batch's size from step to step "
+                       f"(cuda_graph=true captures the first size seen {CAPTURE_AFTER} times)")
+    return True, (f"cuda_graph=auto: on, {_REGION[family.capture.region]} replay from a CUDA graph once a batch "
+                  f"size is seen {CAPTURE_AFTER} times (cuda_graph=false trains eager)")
 
 
 # Under DDP the reference we follow trains eager: capture would have to happen before DDP wraps the

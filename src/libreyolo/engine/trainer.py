@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from .builder import (
     set_cudnn_autotune,
 )
 from .device import device_name, out_of_memory_as_error
+from .graphs import resolve_auto as resolve_graphs
 from .meter import LossMeter
 from .optim import accumulation, resolve_accumulate, resolve_auto
 from .recipe import resolve_recipe
@@ -113,7 +114,12 @@ class Trainer:
         set_cudnn_autotune(cfg, autotune)
         if message and device.type == "cuda":
             log.info(message)
-        self.ctx = build_step_context(cfg, family, self.model, device)
+        # cuda_graph=auto is decided here, where the run's processes and device are known; the cfg
+        # keeps `auto`, so a resume on another machine decides again.
+        graphs, message = resolve_graphs(cfg, self.model, family, device)
+        if message:
+            log.info(message)
+        self.ctx = build_step_context(replace(cfg, cuda_graph=graphs), family, self.model, device)
         self.optimizer, self.precision, self.ema, self.criterion, self.graphs = (
             self.ctx.optimizer, self.ctx.precision, self.ctx.ema, self.ctx.criterion, self.ctx.graphs)
         self.schedule = LRSchedule(self.optimizer, cfg, self.steps_per_epoch, cfg.accumulate)
@@ -166,7 +172,7 @@ class Trainer:
         epochs_run = 0
         with self._checkpoints_settled(), settled_heap(), \
                 distributed.failures_as_error(self.world, self.cfg.ddp_timeout, self._last_good), \
-                out_of_memory_as_error(self.cfg, self.device):
+                out_of_memory_as_error(replace(self.cfg, cuda_graph=self.graphs.enabled), self.device):
             for epoch in range(self.start_epoch, self.cfg.epochs):
                 self.epoch = epoch
                 first = self.start_batch if epoch == self.start_epoch else 0
