@@ -337,3 +337,71 @@ def test_the_threads_copy_is_one_buffer_per_dtype_and_owes_nothing_to_the_live_s
         assert sum(transfers) == len(leaves) + len(net.state_dict()) and max(transfers) > 2
     else:
         assert not transfers
+
+
+def test_a_state_under_two_names_is_serialised_once_and_the_copy_is_byte_identical(tmp_path, monkeypatch):
+    # The epoch that writes last.pt and best.pt writes one state twice: the second is a copy of the
+    # first file, not a second torch.save.
+    from libreyolo.engine import checkpoint as C
+
+    saves = []
+    real = C.torch.save
+    monkeypatch.setattr(C.torch, "save", lambda obj, f, *a, **k: saves.append(1) or real(obj, f, *a, **k))
+    writer = C.BackgroundWriter()
+    writer.submit(tmp_path / "last.pt", _payload(epoch=4), tag=4,
+                  copies=(tmp_path / "best.pt", tmp_path / "epoch5.pt"))
+    writer.wait()
+    assert len(saves) == 1
+    last = (tmp_path / "last.pt").read_bytes()
+    assert (tmp_path / "best.pt").read_bytes() == last == (tmp_path / "epoch5.pt").read_bytes()
+    assert (tmp_path / "best.pt").stat().st_ino != (tmp_path / "last.pt").stat().st_ino  # a copy, not a link
+    assert load_checkpoint(tmp_path / "best.pt")["epoch"] == 4
+    assert writer.written == {tmp_path / n: 4 for n in ("last.pt", "best.pt", "epoch5.pt")}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "epoch5.pt", "last.pt"]  # no temp left
+
+
+def test_a_copy_whose_source_failed_to_write_keeps_the_previous_file(tmp_path, monkeypatch, caplog):
+    # Never a copy of the previous last.pt (an atomic write that failed keeps it) under best.pt.
+    import logging
+
+    from libreyolo.engine import checkpoint as C
+    from libreyolo.errors import WriteError
+
+    C.save_checkpoint(tmp_path / "last.pt", _payload(epoch=1))
+    C.save_checkpoint(tmp_path / "best.pt", _payload(epoch=0))
+    before = (tmp_path / "best.pt").read_bytes()
+
+    def full(obj, f, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(C.torch, "save", full)
+    writer = C.BackgroundWriter()
+    writer.submit(tmp_path / "last.pt", _payload(epoch=2), tag=2, copies=(tmp_path / "best.pt",))
+    with caplog.at_level(logging.WARNING, logger="libreyolo"), pytest.raises(WriteError) as err:
+        writer.wait()
+    assert str(err.value).startswith(f"cannot write checkpoint {tmp_path / 'last.pt'}: No space left on device")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"cannot write checkpoint {tmp_path / 'best.pt'}: the write of {tmp_path / 'last.pt'} it copies failed"]
+    assert (tmp_path / "best.pt").read_bytes() == before and writer.written == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
+
+
+def test_the_finite_check_of_a_detached_state_is_one_per_storage(monkeypatch):
+    # engine/state.py packs each part into one buffer per dtype: checking the buffers, not the
+    # 2,000-odd tensors one by one, says the same (a NaN anywhere is found).
+    from libreyolo.engine import checkpoint as C
+    from libreyolo.engine.state import cpu_state
+
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Conv2d(4, 4, 1), torch.nn.BatchNorm2d(4))
+                                  for _ in range(20)])
+    weights, ema = cpu_state(model), cpu_state(model)
+    checks = []
+    real = torch.isfinite
+    monkeypatch.setattr(C.torch, "isfinite", lambda t: checks.append(t.numel()) or real(t))
+    assert C.finite_storages(weights, ema, None)
+    floats = sum(v.numel() for v in weights.values() if v.is_floating_point())
+    assert checks == [floats, floats]  # one float32 buffer each; num_batches_tracked (int64) is not checked
+    key = next(k for k, v in ema.items() if k.endswith("running_var"))
+    ema[key][1] = float("nan")
+    assert not C.finite_storages(weights, ema)
+    assert C.finite_storages({"w": torch.ones(3)}) and not C.finite_storages({"w": torch.tensor([1.0, float("inf")])})

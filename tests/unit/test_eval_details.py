@@ -103,3 +103,26 @@ def test_class_table_plain_in_a_log():
     assert lines[2].split() == ["cat", "1", "1", "1.000", "1.000", "1.000", "1.000"]
     assert lines[3].split() == ["dog", "0", "0", "-", "-", "-", "-"]
     assert lines[4].split()[:3] == ["<b>bird</b>", "1", "1"]  # a name is text, never markup
+
+
+def test_box_iou_is_the_reference_formula_on_two_planes(monkeypatch):
+    # Width and height of the overlap as [N, M] planes: an [N, M, 2] array reduced over its last
+    # axis was 5x slower for the same products (300 detections against 100 boxes).
+    from libreyolo.eval import details as D
+
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(0, 50, (300, 4)), rng.uniform(0, 50, (100, 4))
+    a[:, 2:] += a[:, :2]
+    b[:, 2:] += b[:, :2]
+    b[:3] = a[:3]  # exact matches, and boxes with no overlap at all
+    shapes = []
+    real = np.clip
+    monkeypatch.setattr(D.np, "clip", lambda x, *args, **kw: shapes.append(np.shape(x)) or real(x, *args, **kw))
+    iou = D.box_iou(a, b)
+    monkeypatch.undo()
+    lt, rb = np.maximum(a[:, None, :2], b[None, :, :2]), np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.clip(rb - lt, 0, None).prod(2)
+    area_a, area_b = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1]), (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    reference = inter / np.maximum(area_a[:, None] + area_b[None] - inter, 1e-12)
+    assert np.array_equal(iou, reference) and (iou == 0).any() and np.allclose(iou[np.arange(3), np.arange(3)], 1)
+    assert shapes and all(s == (300, 100) for s in shapes)

@@ -164,6 +164,31 @@ def _tensors(value):
             yield from _tensors(v)
 
 
+def test_an_epoch_that_improves_serialises_its_state_once_for_last_and_best(tmp_path, monkeypatch):
+    """best.pt is a byte copy of the last.pt just written (checkpoint.copy_checkpoint), and the
+    weights are checked finite a buffer at a time, not a tensor at a time (about 2,200 for
+    YOLOv9-t's weights and EMA)."""
+    from libreyolo.engine import checkpoint as C
+    from libreyolo.engine.trainer import Trainer
+
+    saves, checks = [], []
+    real_save, real_isfinite, submit = C.torch.save, torch.isfinite, Trainer.save_in_background
+    monkeypatch.setattr(C.torch, "save", lambda obj, f, *a, **k: saves.append(obj["epoch"]) or real_save(obj, f, *a, **k))
+
+    def counted(self, *paths):
+        monkeypatch.setattr(torch, "isfinite", lambda t: checks.append(1) or real_isfinite(t))
+        try:
+            submit(self, *paths)
+        finally:
+            monkeypatch.setattr(torch, "isfinite", real_isfinite)
+
+    monkeypatch.setattr(Trainer, "save_in_background", counted)
+    result = LibreYOLO("yolo9-t").train(epochs=1, project=str(tmp_path), **_small(tmp_path, val=True))
+    weights = result.run_dir / "weights"
+    assert saves == [0] and (weights / "best.pt").read_bytes() == (weights / "last.pt").read_bytes()
+    assert 0 < len(checks) <= 4  # model and EMA: a float32 buffer each
+
+
 def test_a_failed_checkpoint_write_stops_the_run_with_one_line(tmp_path, monkeypatch):
     """Written on the checkpoint thread, a failed last.pt surfaces at the next epoch's checkpoint."""
     from libreyolo.engine import checkpoint as C

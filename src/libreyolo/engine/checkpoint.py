@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import threading
 import zipfile
 from collections.abc import Callable
@@ -39,6 +40,33 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any], *, make_dirs: boo
     that a filesystem enforces only when the data reaches the disk fails here, not after the
     rename. `make_dirs=False` makes the checkpoint's folder (weights/) but never its parent: a run
     directory deleted under a running job is not made again."""
+    path = _checkpoint_folder(path, make_dirs)
+    with atomic_path(path, make_dirs=make_dirs, what="checkpoint") as tmp, open(tmp, "wb") as f:
+        try:
+            torch.save({"format": MAGIC, "schema": SCHEMA, **payload}, f)
+        except RuntimeError as exc:  # torch's zip writer reports a failed write as its own error
+            raise _os_error(exc) or exc from None
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def copy_checkpoint(source: str | Path, path: str | Path, *, make_dirs: bool = True) -> Path:
+    """`path` as a byte copy of the checkpoint file `source`: the same state under a second name
+    (best.pt in an epoch that also wrote last.pt) without serialising it again. Atomic and synced
+    like `save_checkpoint` (temp file + rename; `make_dirs` likewise). A copy, not a hard link:
+    a tool that rewrites one file in place (an optimizer stripped from best.pt) leaves the other
+    whole."""
+    path = _checkpoint_folder(path, make_dirs)
+    with atomic_path(path, make_dirs=make_dirs, what="checkpoint") as tmp:
+        shutil.copyfile(source, tmp)  # in the kernel (sendfile / copy_file_range) where it can
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+    return path
+
+
+def _checkpoint_folder(path: str | Path, make_dirs: bool) -> Path:
+    """`path`, its folder made where `make_dirs=False` allows it (weights/, never its parent)."""
     path = Path(path)
     if not make_dirs and not path.parent.is_dir():
         if path.parent.exists():
@@ -47,13 +75,6 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any], *, make_dirs: boo
             path.parent.mkdir()
         except OSError as exc:
             raise write_error(path, exc, "checkpoint") from None
-    with atomic_path(path, make_dirs=make_dirs, what="checkpoint") as tmp, open(tmp, "wb") as f:
-        try:
-            torch.save({"format": MAGIC, "schema": SCHEMA, **payload}, f)
-        except RuntimeError as exc:  # torch's zip writer reports a failed write as its own error
-            raise _os_error(exc) or exc from None
-        f.flush()
-        os.fsync(f.fileno())
     return path
 
 
@@ -82,13 +103,19 @@ class BackgroundWriter:
         self._lock = threading.Lock()
         self.written: dict[Path, Any] = {}
 
-    def submit(self, path: str | Path, payload: dict[str, Any], tag: Any = None) -> None:
+    def submit(self, path: str | Path, payload: dict[str, Any], tag: Any = None,
+               copies: tuple[str | Path, ...] = ()) -> None:
+        """Write `payload` to `path`, then each of `copies` as a byte copy of that file
+        (copy_checkpoint): one state under several names is serialised once. A copy is made only
+        once the write of `path` succeeded, never from an older file of that name."""
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="libreyolo-checkpoint")
             # make_dirs=False: a run directory deleted under the run is not made again by a write.
-            self._pending.append((Path(path), tag, self._pool.submit(save_checkpoint, path, payload,
-                                                                     make_dirs=False)))
+            first = self._pool.submit(save_checkpoint, path, payload, make_dirs=False)
+            self._pending.append((Path(path), tag, first))
+            for copy in copies:  # one thread, in order: the write of `path` has ended when a copy starts
+                self._pending.append((Path(copy), tag, self._pool.submit(_copy_after, first, path, copy)))
 
     def wait(self, raise_errors: bool = True) -> None:
         """Until every submitted write has finished; then the thread stops (a later submit starts
@@ -113,6 +140,13 @@ class BackgroundWriter:
             log.warning(message)
         if failed and raise_errors:
             raise WriteError(failed[0])
+
+
+def _copy_after(write: Future, source: str | Path, path: str | Path) -> Path:
+    """`copy_checkpoint(source, path)` once `write` (the write of `source`) has succeeded."""
+    if write.exception() is not None:  # its own failure is reported for it
+        raise WriteError(f"cannot write checkpoint {path}: the write of {source} it copies failed")
+    return copy_checkpoint(source, path, make_dirs=False)
 
 
 def _failure_line(path: Path, exc: BaseException) -> str:
@@ -175,6 +209,29 @@ def _owning(value: Any) -> Any:
     storage each time (its memo does not know two views share one), so a broadcast of the loaded
     state to other ranks (engine/distributed.from_rank0) would carry the buffer once per tensor."""
     return map_tensors(value, lambda t: t.clone() if t.untyped_storage().nbytes() > t.nbytes else t)
+
+
+def finite_storages(*states: Any) -> bool:
+    """True when every floating-point tensor in `states` is finite, from one check per storage.
+
+    A detached training state holds each part's tensors as views of one buffer per dtype
+    (engine/state.py): YOLOv9-t's weights and EMA, 2,234 tensors, are then two checks instead of
+    2,234 small ones. A storage is checked whole, so a NaN or an inf anywhere in it, even in bytes
+    no tensor covers, gives False: the caller then checks tensor by tensor (diverge.nonfinite),
+    and only that check decides."""
+    whole: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+
+    def note(t: torch.Tensor) -> None:
+        if not t.is_floating_point():
+            return
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), t.device, t.dtype)
+        if key not in whole:
+            whole[key] = t.new_empty(0).set_(storage, 0, (storage.nbytes() // t.element_size(),))
+
+    for state in states:
+        map_tensors(state, note)
+    return all(bool(torch.isfinite(t).all()) for t in whole.values())
 
 
 def map_tensors(value: Any, tensor: Callable[[torch.Tensor], Any],

@@ -330,12 +330,14 @@ class Trainer:
         thread: the files are complete after `wait_for_checkpoints`. The previous epoch's writes
         are waited for first (they have had a whole epoch), so one epoch's state at most is in
         flight, and a write that failed raises here, one WriteError line. Weights that went
-        non-finite are never written (engine/diverge.py): the run stops instead."""
+        non-finite are never written (engine/diverge.py): the run stops instead. The state is
+        serialised once, to the first path; the others (best.pt, epochN.pt) are byte copies of it."""
         self.checkpoints.wait()
         state = training_state(self, detached=True)
-        diverge.check_weights(state, f"epoch {self.epoch + 1}, step {self.batch_index + 1}", self._last_good)
-        for path in paths:
-            self.checkpoints.submit(path, state, tag=self.epoch)
+        if not ckpt_io.finite_storages(state.get("model"), state.get("ema")):  # the tensor by tensor check names them
+            diverge.check_weights(state, f"epoch {self.epoch + 1}, step {self.batch_index + 1}", self._last_good)
+        if paths:
+            self.checkpoints.submit(paths[0], state, tag=self.epoch, copies=paths[1:])
 
     @contextlib.contextmanager
     def _checkpoints_settled(self) -> Iterator[None]:
