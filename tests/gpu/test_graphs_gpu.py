@@ -235,3 +235,27 @@ def test_peak_memory_eager_vs_graphed():
     print(f"\npeak allocated over 10 steps: eager {peaks['eager']:.0f} MB, graphed {peaks['graphed']:.0f} MB "
           f"(both runs' models live); graph pool {manager.stats()['pool_mb']:.0f} MB")
     assert manager.stats()["replayed_steps"] >= 10
+
+
+@pytest.mark.parametrize("extra, said", [
+    ([], "cuda_graph=auto: on, the network's forward and backward replay from a CUDA graph"),
+    (["multi_scale=true"], "cuda_graph=auto: off, multi_scale=true"),
+    (["cuda_graph=false"], None),
+])
+def test_a_default_training_run_on_one_gpu_is_graphed(tmp_path, extra, said):
+    """cuda_graph=auto, the default, decided by the trainer: graphed at one batch size, eager under
+    multi_scale, and cuda_graph=false as asked (no auto line at all)."""
+    import subprocess
+    import sys
+
+    from testkit import shapes_subset
+
+    (tmp_path / "data").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "libreyolo", "train", "model=yolo9-t",
+                           f"data={shapes_subset(tmp_path / 'data', 48)}", "epochs=1", "imgsz=128", "batch=8",
+                           "workers=2", f"project={tmp_path / 'runs'}", *extra],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("cuda_graph=auto")]
+    assert lines == ([] if said is None else [lines[0]]) and (said is None or lines[0].startswith(said)), lines
+    assert ("CUDA graph captured for input" in proc.stderr) == (not extra), proc.stderr[-3000:]
