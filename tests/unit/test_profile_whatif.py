@@ -13,7 +13,7 @@ from testkit import make_profile
 from libreyolo.errors import ProfileFormatError
 from libreyolo.profiler.artifacts import load_profile
 from libreyolo.profiler.report import print_whatif
-from libreyolo.profiler.whatif import AMP_KERNEL_RATIO, FULL, GRAPH, LOADER, what_if
+from libreyolo.profiler.whatif import AMP_KERNEL_RATIO, FULL, FULL_COMPILE, GRAPH, LOADER, what_if
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((ROOT / "tests" / "fixtures" / "profiler").glob("*.json"))
@@ -79,6 +79,35 @@ def test_full_does_not_apply_where_the_step_cannot_be_captured_whole():
     infer = eager()
     infer["run"]["mode"] = "infer"
     assert "a training lever" in by_lever(what_if(infer))[FULL]["assumption"]
+
+
+def _kernels(p, *rows):
+    p["kernels"]["rows"] = [{"name": n, "count": 1, "total_ms": 1.0, "mean_us": 1.0, "share": share} for n, share in rows]
+    return p
+
+
+def test_full_compile_keeps_only_the_extern_kernels_a_floor_up_to_full():
+    p = _phases(eager(), data=0.5, h2d=1.5, forward=30.0, loss=10.0, backward=45.0, optimizer=6.0, ema=2.0)
+    _kernels(p, ("sm90_xmma_fprop_implicit_gemm_f16", 0.4), ("cutlass__5x_cudnn::Kernel<ImplicitGemmConvolution>", 0.1),
+             ("void cudnn::batchnorm_fwtr_nhwc_semiPersist<__half>", 0.2), ("at::native::vectorized_elementwise_kernel", 0.2))
+    f = by_lever(what_if(p))[FULL_COMPILE]
+    # 18 ms of kernels, half of them convolutions (batch norm is fused, not kept): 9 ms; the host 6 ms.
+    assert f["applies"] and f["step_ms"] == pytest.approx(9.0) and f["step_ms_range"] == pytest.approx([9.0, 18.0])
+    assert f["bound"] == "kernels (extern floor)" and "50% of the 18.0 ms busy: 9.0 ms" in f["assumption"]
+    assert "outside the window's top 4 (10% of the busy time)" in f["assumption"]
+    _kernels(p, ("sm90_xmma_gemm", 0.1), ("elementwise", 0.9))
+    assert by_lever(what_if(p))[FULL_COMPILE]["step_ms"] == pytest.approx(6.0)  # the host sets it: 1.8 ms of kernels
+    assert by_lever(what_if(p))[FULL_COMPILE]["bound"] == "host"
+
+
+def test_full_compile_applies_only_where_full_does_and_the_region_is_the_whole_network():
+    detr = eager(region="encoder")
+    f = by_lever(what_if(detr))[FULL_COMPILE]
+    assert not f["applies"] and "this family's is its encoder" in f["assumption"]
+    old = eager()
+    del old["capture"]["whole"]
+    f = by_lever(what_if(old))[FULL_COMPILE]
+    assert not f["applies"] and f["assumption"].startswith("as cuda_graph=full: the profile does not say")
 
 
 def test_amp_saves_kernel_time_only_where_the_gpu_is_the_bottleneck():

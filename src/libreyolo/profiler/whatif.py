@@ -17,6 +17,13 @@ the longer of the two: W ~ max(H, B). An eager step that is launch-bound has H ~
   optimizer and EMA phases, their host time F) replays as graphs: predicted max(H - F, B), the
   replays' own launches and the host's LR writes (a few kernels) left out. Only where the family's
   step can be captured whole (`capture.whole` in profile.json, from the family's capture plan).
+- `cuda_graph=full compile=true`: as `full` for the host; on the GPU, inductor fuses the network's
+  pointwise, normalisation and reduction kernels and calls its convolutions and matrix multiplies
+  from cuDNN/cuBLAS as they are (EXTERN_KERNEL names them). How well it fuses the rest is not in one
+  eager window, so this is a floor, not an estimate: every kernel but those (the loss's and the
+  optimizer's too, and any kernel outside the window's top list) taken as free, max(H - F, B x
+  extern share), up to the `full` prediction. Only where compile=true applies: the family's
+  captured region is the whole network.
 - AMP (a float32 window): kernel busy scales by the float16 (bfloat16) / float32 kernel busy
   ratio that `bench step` measured for whole training steps on the H200 (AMP_KERNEL_RATIO, from
   the bundled records it cites), the host time stays. If the GPU is the bottleneck (utilisation >=
@@ -29,6 +36,7 @@ the longer of the two: W ~ max(H, B). An eager step that is launch-bound has H ~
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .artifacts import SCHEMA_VERSION, WHATIF_SHAPE, require
@@ -48,6 +56,10 @@ AMP_KERNEL_RATIO: dict[str, tuple[float, float, float, int]] = {
 }
 GRAPH = "cuda_graph=true"
 FULL = "cuda_graph=full"
+FULL_COMPILE = "cuda_graph=full compile=true"
+# The kernels inductor leaves to cuDNN and cuBLAS (extern kernels: convolutions, their split-K
+# reductions and workspaces, GEMMs), by name; batch norm is decomposed and fused, not kept.
+EXTERN_KERNEL = re.compile(r"conv|gemm|xmma|nvjet|cublas|splitk|dgrad|wgrad|fprop|cask_plugin", re.IGNORECASE)
 # The phases a whole-step graph replays (engine/fullstep.py); data and h2d stay on the host.
 FULL_PHASES = ("forward", "loss", "backward", "optimizer", "ema")
 LOADER = "a dataloader that never waits"
@@ -64,7 +76,8 @@ def what_if(profile: dict, path: str | None = None) -> dict:
     host = u["host_step_ms"] if u["host_step_ms"] is not None else step
     graph = _graph(profile, cuda, host, busy)
     amps = [_amp(profile, cuda, dtype, step, busy, util) for dtype in AMP_KERNEL_RATIO]
-    out = [graph, _full(profile, cuda, host, busy), *amps]
+    full = _full(profile, cuda, host, busy)
+    out = [graph, full, _full_compile(profile, full, busy), *amps]
     if graph["applies"] and amps[0]["applies"]:
         out.append(_graph_amp(graph, "float16", step, busy))
     out.append(_loader(step, head.get("data_wait_ms") or 0.0, u["idle_data_ms"], cuda))
@@ -153,6 +166,26 @@ def _full(profile: dict, cuda: bool, host: float, busy: float) -> dict[str, Any]
                   f"padded boxes aside); the step takes the longer of the two")
     return {**_prediction(FULL, step, profile["headline"]["step_ms_mean"], assumption,
                           bound="host" if rest >= busy else "kernels"), "host_ms": rest}
+
+
+def _full_compile(profile: dict, full: dict[str, Any], busy: float) -> dict[str, Any]:
+    if not full["applies"]:
+        return _na(FULL_COMPILE, f"as {FULL}: {full['assumption']}")
+    if profile["capture"]["region"] != "network":
+        return _na(FULL_COMPILE, f"compile=true compiles a captured region that is the whole network; this family's "
+                                 f"is its {profile['capture']['region']}")
+    rows = profile["kernels"].get("rows") or []
+    listed = sum(r["share"] for r in rows)
+    kept = sum(r["share"] for r in rows if EXTERN_KERNEL.search(r["name"]) and "batchnorm" not in r["name"].lower())
+    rest, floor = full["host_ms"], busy * kept
+    step = max(rest, floor)
+    assumption = (f"the host as under {FULL} ({rest:.1f} ms); of the kernels only the convolutions and matrix "
+                  f"multiplies inductor leaves to cuDNN/cuBLAS keep their time ({kept:.0%} of the {busy:.1f} ms busy: "
+                  f"{floor:.1f} ms), every other kernel taken as fused away (a floor: the loss's and optimizer's "
+                  f"kernels stay eager, the fused ones cost something, and kernels outside the window's top "
+                  f"{len(rows)} ({1 - listed:.0%} of the busy time) are counted as fusable); at worst the {FULL} step")
+    return _prediction(FULL_COMPILE, step, profile["headline"]["step_ms_mean"], assumption,
+                       bound="host" if rest >= floor else "kernels (extern floor)", span=(step, full["step_ms"]))
 
 
 def _amp(profile: dict, cuda: bool, dtype: str, step: float, busy: float, util: float) -> dict[str, Any]:
