@@ -85,7 +85,7 @@ class TrainConfig:
     # --- speed levers --------------------------------------------------------------------------
     amp: bool = _key(True, "mixed precision on CUDA (ignored with one log line on CPU)", group="speed", val=True)
     amp_dtype: Literal["float16", "bfloat16"] = _key("float16", "autocast dtype: float16 (with loss scaling) or bfloat16", group="speed", val=True)
-    compile: bool = _key(False, "torch.compile the network (inductor, no CUDA graphs of its own) for training steps: the first step compiles it (its time is logged; the kernels are cached for later runs), and cuda_graph=true|full then captures the compiled network; families whose captured region is the whole network", group="speed")
+    compile: bool = _key(False, "torch.compile the network (inductor, no CUDA graphs of its own) for training steps: the first step compiles it (its time is logged; the kernels are cached for later runs), and CUDA graphs (cuda_graph=auto|true|full) then capture the compiled network; families whose captured region is the whole network", group="speed")
     cuda_graph: Union[Literal["auto", "full"], bool] = _key("auto", "CUDA graphs: auto (true for a training run on one CUDA device with multi_scale=false, else false; one line says which); true captures the network's forward+backward; full captures the whole step (forward, loss, backward, optimizer, EMA) per batch shape, with the boxes padded to a power of two, and trains with true (one line says why) where the step cannot be captured; false trains eager", group="speed")
     # NHWC is cuDNN's native layout for fp16/bf16 convolutions on Volta and newer: in NCHW, cuDNN
     # wraps convolutions in layout transposes (measured on the H200, docs/training-performance.md).

@@ -31,9 +31,10 @@ from .tasks import task_for
 log = logging.getLogger("libreyolo")
 
 # Keys that may change when resuming; every other key comes from the checkpoint's config.
-# A run may resume on another number of devices (checkpoints hold the plain module).
+# A run may resume on another number of devices (checkpoints hold the plain module), and with or
+# without CUDA graphs (graphed training equals eager; the OOM line suggests cuda_graph=false).
 RESUME_KEYS = {"resume", "device", "workers", "cache", "exist_ok", "log_interval", "sync_bn", "ddp_timeout",
-               "checkpoint_steps", "tensorboard", "mlflow"}
+               "checkpoint_steps", "tensorboard", "mlflow", "cuda_graph"}
 
 
 class LibreYOLO:

@@ -381,7 +381,8 @@ def test_a_copy_whose_source_failed_to_write_keeps_the_previous_file(tmp_path, m
         writer.wait()
     assert str(err.value).startswith(f"cannot write checkpoint {tmp_path / 'last.pt'}: No space left on device")
     assert [r.getMessage() for r in caplog.records] == [
-        f"cannot write checkpoint {tmp_path / 'best.pt'}: the write of {tmp_path / 'last.pt'} it copies failed"]
+        f"cannot write checkpoint {tmp_path / 'best.pt'}: the write of {tmp_path / 'last.pt'} it copies failed; "
+        "the previous file is kept"]
     assert (tmp_path / "best.pt").read_bytes() == before and writer.written == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
 

@@ -98,6 +98,11 @@ def test_full_compile_keeps_only_the_extern_kernels_a_floor_up_to_full():
     _kernels(p, ("sm90_xmma_gemm", 0.1), ("elementwise", 0.9))
     assert by_lever(what_if(p))[FULL_COMPILE]["step_ms"] == pytest.approx(6.0)  # the host sets it: 1.8 ms of kernels
     assert by_lever(what_if(p))[FULL_COMPILE]["bound"] == "host"
+    # A compiled window's own kernels are fused ones whatever their names say; with no extern kernel
+    # by name there is no floor (not a floor of zero).
+    _kernels(p, ("triton_poi_fused_convolution_0", 0.5), ("elementwise", 0.5))
+    f = by_lever(what_if(p))[FULL_COMPILE]
+    assert not f["applies"] and "none of the window's top 2 kernels is a convolution or GEMM" in f["assumption"]
 
 
 def test_full_compile_applies_only_where_full_does_and_the_region_is_the_whole_network():

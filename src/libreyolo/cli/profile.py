@@ -297,11 +297,13 @@ def kernels(path: str = typer.Argument(..., metavar="PATH", help="profile.json, 
 @profile_app.command("what-if")
 @user_errors
 def what_if_cmd(path: str = typer.Argument(..., metavar="PROFILE", help="profile.json, or the run directory holding "
-                                                                      "it (best an eager window)."),
+                                                                      "it (best an eager window: a run on one GPU is graphed by default, so "
+                                                                      "profile it with cuda_graph=false)."),
                 as_json: bool = typer.Option(False, "--json", help="The predictions as one JSON object.")) -> None:
     """What each lever would make of the profiled step, predicted from this one window: cuda_graph=true
     (the captured region's host time removed, the rest of the step's host time and every kernel
-    kept), amp=true with float16 and with bfloat16 (when the window ran float32: kernel busy
+    kept), cuda_graph=full (the whole step's host time but the data wait and upload removed), full
+    with compile=true (a floor: only the convolution and GEMM kernels keep their time), amp=true with float16 and with bfloat16 (when the window ran float32: kernel busy
     times the float16/float32 ratio bench step measured on the H200), both together, and a
     dataloader that never makes the step wait. Each prediction prints the assumption it rests on."""
     from ..profiler.artifacts import load_profile

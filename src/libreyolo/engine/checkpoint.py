@@ -145,7 +145,8 @@ class BackgroundWriter:
 def _copy_after(write: Future, source: str | Path, path: str | Path) -> Path:
     """`copy_checkpoint(source, path)` once `write` (the write of `source`) has succeeded."""
     if write.exception() is not None:  # its own failure is reported for it
-        raise WriteError(f"cannot write checkpoint {path}: the write of {source} it copies failed")
+        kept = "; the previous file is kept" if Path(path).is_file() else ""
+        raise WriteError(f"cannot write checkpoint {path}: the write of {source} it copies failed{kept}")
     return copy_checkpoint(source, path, make_dirs=False)
 
 

@@ -126,7 +126,7 @@ class GraphManager:
         steps run for `model.capturable` (its compiled form under compile=true), else that.
         """
         module = model.capturable if module is None else module
-        if getattr(cfg, "cuda_graph", False) in (False, AUTO):  # auto unresolved (bench step, tests): eager
+        if getattr(cfg, "cuda_graph", False) not in (True, "full"):  # auto unresolved (bench step, tests): eager
             return cls.off(module, None)
         reason = unsupported_reason(model, family, device)
         asked = "full" if cfg.cuda_graph == "full" else "true"

@@ -58,8 +58,11 @@ GRAPH = "cuda_graph=true"
 FULL = "cuda_graph=full"
 FULL_COMPILE = "cuda_graph=full compile=true"
 # The kernels inductor leaves to cuDNN and cuBLAS (extern kernels: convolutions, their split-K
-# reductions and workspaces, GEMMs), by name; batch norm is decomposed and fused, not kept.
-EXTERN_KERNEL = re.compile(r"conv|gemm|xmma|nvjet|cublas|splitk|dgrad|wgrad|fprop|cask_plugin", re.IGNORECASE)
+# reductions, workspaces and layout transforms, GEMMs), by name; cuDNN's batch norm kernels do not
+# match: inductor decomposes batch norm and fuses it.
+# inductor's own kernels (triton_*, in a compiled window) are fused ones, whatever their names say.
+EXTERN_KERNEL = re.compile(r"conv|gemm|gemv|xmma|nvjet|cublas|splitk|dgrad|wgrad|fprop|winograd|fft|scudnn|cask_plugin"
+                           r"|nchwtonhwc|nhwctonchw", re.IGNORECASE)
 # The phases a whole-step graph replays (engine/fullstep.py); data and h2d stay on the host.
 FULL_PHASES = ("forward", "loss", "backward", "optimizer", "ema")
 LOADER = "a dataloader that never waits"
@@ -114,7 +117,7 @@ def _graph(profile: dict, cuda: bool, host: float, busy: float) -> dict[str, Any
     if not cuda:
         return _na(GRAPH, "CUDA graphs need a CUDA device: the window ran on the CPU")
     if _graphed(profile):
-        return _na(GRAPH, "the window already replays a CUDA graph: profile an eager run to predict it")
+        return _na(GRAPH, "the window already replays a CUDA graph: profile with cuda_graph=false to predict it")
     if cap["region"] not in ("network", "encoder", "forward"):
         return _na(GRAPH, f"the family has no capturable region ({cap.get('note') or cap['region']})")
     if cap["forward_host_ms"] is None or (not infer and cap["backward_host_ms"] is None) or cap["host_ms"] is None:
@@ -142,7 +145,7 @@ def _full(profile: dict, cuda: bool, host: float, busy: float) -> dict[str, Any]
     if profile["run"].get("mode") == "infer":
         return _na(FULL, "a training lever: predict's graph already holds the whole forward phase (cuda_graph=true)")
     if _graphed(profile):
-        return _na(FULL, "the window already replays a CUDA graph: profile an eager run to predict it")
+        return _na(FULL, "the window already replays a CUDA graph: profile with cuda_graph=false to predict it")
     if cap["region"] not in ("network", "encoder"):
         return _na(FULL, f"the family has no capturable region ({cap.get('note') or cap['region']})")
     whole = cap.get("whole")
@@ -176,7 +179,10 @@ def _full_compile(profile: dict, full: dict[str, Any], busy: float) -> dict[str,
                                  f"is its {profile['capture']['region']}")
     rows = profile["kernels"].get("rows") or []
     listed = sum(r["share"] for r in rows)
-    kept = sum(r["share"] for r in rows if EXTERN_KERNEL.search(r["name"]) and "batchnorm" not in r["name"].lower())
+    kept = sum(r["share"] for r in rows if EXTERN_KERNEL.search(r["name"]) and not r["name"].startswith("triton_"))
+    if not kept:
+        return _na(FULL_COMPILE, f"none of the window's top {len(rows)} kernels is a convolution or GEMM by name, so "
+                                 f"there is no floor to put under a compiled step")
     rest, floor = full["host_ms"], busy * kept
     step = max(rest, floor)
     assumption = (f"the host as under {FULL} ({rest:.1f} ms); of the kernels only the convolutions and matrix "
