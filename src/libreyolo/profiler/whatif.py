@@ -59,8 +59,8 @@ FULL = "cuda_graph=full"
 FULL_COMPILE = "cuda_graph=full compile=true"
 # The kernels inductor leaves to cuDNN and cuBLAS (extern kernels: convolutions, their split-K
 # reductions, workspaces and layout transforms, GEMMs), by name; cuDNN's batch norm kernels do not
-# match: inductor decomposes batch norm and fuses it.
-# inductor's own kernels (triton_*, in a compiled window) are fused ones, whatever their names say.
+# match: inductor decomposes batch norm and fuses it. Inductor's own kernels (triton_*, in a
+# compiled window) are fused ones, whatever their names say.
 EXTERN_KERNEL = re.compile(r"conv|gemm|gemv|xmma|nvjet|cublas|splitk|dgrad|wgrad|fprop|winograd|fft|scudnn|cask_plugin"
                            r"|nchwtonhwc|nhwctonchw", re.IGNORECASE)
 # The phases a whole-step graph replays (engine/fullstep.py); data and h2d stay on the host.
