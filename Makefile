@@ -31,7 +31,7 @@ test-fresh:  ## the CPU suite in a fresh virtual environment (what a new machine
 	PATH="$(FRESH)/bin:$$PATH" $(FRESH)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The GPU suite in lanes that each fit one device call of under 9 minutes (tests/gpu/conftest.py):
-# LANE=train, models, predict or profiler; without LANE, all of them in one run.
+# LANE=train, whole, models, predict or profiler; without LANE, all of them in one run.
 test-gpu:  ## on a CUDA machine with the deps present: GPU tests only (LANE=one lane), no install step
 	PYTHONPATH=src $(PY) -m pytest -q -m gpu tests/gpu $(if $(LANE),--lane $(LANE)) --durations=15 --durations-min=1
 

@@ -11,7 +11,7 @@
 #
 # Stages:
 #   tests            every @pytest.mark.gpu test (tests/gpu); TESTS_K=EXPR selects (pytest -k)
-#   tests:LANE       one lane of them (train, models, predict, profiler: tests/gpu/conftest.py), what
+#   tests:LANE       one lane of them (train, whole, models, predict, profiler: tests/gpu/conftest.py), what
 #                    `make test-gpu LANE=...` runs; its log is gpu_tests_LANE.txt
 #   profile          `libreyolo profile run` YOLOv9-t batch 8 at 640 float16, eager and graphed
 #   bench-t8         bench step YOLOv9-t batch 8: fp32 / float16 / bfloat16, each eager and graphed,

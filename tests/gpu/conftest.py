@@ -1,7 +1,7 @@
 """The GPU suite in lanes: `make test-gpu LANE=<name>` (or `pytest -m gpu tests/gpu --lane <name>`)
 runs one lane's files, and each lane fits one device call of under 9 minutes on an H200. Every
 file of tests/gpu is in exactly one lane (tests/unit/test_gpu_lanes.py holds the table to that);
-`make test-gpu` without LANE runs all four, one after the other.
+`make test-gpu` without LANE runs all five, one after the other.
 
 The sizes, from the H200 logs in benchmarks/results/h200/ (gpu_tests_*.txt). Those logs hold
 totals, not per-test durations, so the sizes are estimates; a lane now prints its slowest tests
@@ -11,6 +11,9 @@ totals, not per-test durations, so the sizes are estimates; a lane now prints it
   processes (two arms, three repeats); the agreement test and its fixtures alone took 258 s
   (gpu_tests_profile_bench_agreement_2026-12-02.txt). It runs alone: its figures are timings,
   which another lane's processes on the same host would move.
+- whole (about 6 min): the 13 whole-step tests took 96 s on an H100
+  (h100/fullstep/gpu_tests_fullstep_2026-12-06.txt), and the compile test adds a first inductor
+  compile of about 245 s; in the train lane they would have pushed it past one call.
 - train, models, predict (about 3-4 min each): a run of the whole suite in one 6.5-minute call
   got through 119 of its 142 tests, every test of the train, models and predict files but the
   step, segmentation and RTMDet ones and one of profile infer's two. Those took about 1.5 min
@@ -26,8 +29,11 @@ import pytest
 
 LANES = {
     # CUDA graphs against eager, the step's host syncs and scaler, every family's step and predict
-    "train": ("test_graphs_gpu.py", "test_fullstep_gpu.py", "test_step_gpu.py", "test_families_gpu.py",
+    "train": ("test_graphs_gpu.py", "test_step_gpu.py", "test_families_gpu.py",
               "test_rtmdet_gpu.py", "test_elastic_gpu.py"),  # the last skips on a machine with one GPU
+    # cuda_graph=full against eager for every family it captures, and compile=true inside the graphs
+    # (its first inductor compile of YOLOv9-t took about 245 s on an H100)
+    "whole": ("test_fullstep_gpu.py",),
     # the classifiers, the DETRs, the segmenters and the point detector, each through its own file
     "models": ("test_classifiers_gpu.py", "test_detr_gpu.py", "test_lingbot_gpu.py", "test_points_gpu.py",
                "test_segment_gpu.py"),
