@@ -386,23 +386,3 @@ def test_a_copy_whose_source_failed_to_write_keeps_the_previous_file(tmp_path, m
     assert (tmp_path / "best.pt").read_bytes() == before and writer.written == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt"]
 
-
-def test_the_finite_check_of_a_detached_state_is_one_per_storage(monkeypatch):
-    # engine/state.py packs each part into one buffer per dtype: checking the buffers, not the
-    # 2,000-odd tensors one by one, says the same (a NaN anywhere is found).
-    from libreyolo.engine import checkpoint as C
-    from libreyolo.engine.state import cpu_state
-
-    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Conv2d(4, 4, 1), torch.nn.BatchNorm2d(4))
-                                  for _ in range(20)])
-    weights, ema = cpu_state(model), cpu_state(model)
-    checks = []
-    real = torch.isfinite
-    monkeypatch.setattr(C.torch, "isfinite", lambda t: checks.append(t.numel()) or real(t))
-    assert C.finite_storages(weights, ema, None)
-    floats = sum(v.numel() for v in weights.values() if v.is_floating_point())
-    assert checks == [floats, floats]  # one float32 buffer each; num_batches_tracked (int64) is not checked
-    key = next(k for k, v in ema.items() if k.endswith("running_var"))
-    ema[key][1] = float("nan")
-    assert not C.finite_storages(weights, ema)
-    assert C.finite_storages({"w": torch.ones(3)}) and not C.finite_storages({"w": torch.tensor([1.0, float("inf")])})

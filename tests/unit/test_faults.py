@@ -348,6 +348,28 @@ def test_non_finite_weights_are_never_checkpointed():
                               "(end of epoch 4)")
 
 
+def test_the_finite_check_of_a_detached_state_is_one_per_storage(monkeypatch):
+    # engine/state.py packs each part into one buffer per dtype: checking the buffers, not the
+    # 2,000-odd tensors one by one, says the same (a NaN anywhere is found).
+    from libreyolo.engine import diverge
+    from libreyolo.engine.state import cpu_state
+
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Conv2d(4, 4, 1), torch.nn.BatchNorm2d(4))
+                                  for _ in range(20)])
+    weights, ema = cpu_state(model), cpu_state(model)
+    checks = []
+    real = torch.isfinite
+    monkeypatch.setattr(diverge.torch, "isfinite", lambda t: checks.append(t.numel()) or real(t))
+    assert diverge.finite_storages(weights, ema, None)
+    floats = sum(v.numel() for v in weights.values() if v.is_floating_point())
+    assert checks == [floats, floats]  # one float32 buffer each; num_batches_tracked (int64) is not checked
+    key = next(k for k, v in ema.items() if k.endswith("running_var"))
+    ema[key][1] = float("nan")
+    assert not diverge.finite_storages(weights, ema)
+    assert diverge.finite_storages({"w": torch.ones(3)})
+    assert not diverge.finite_storages({"w": torch.tensor([1.0, float("inf")])})
+
+
 def test_a_loss_scaler_that_skips_step_after_step_stops_the_run():
     """float16 scaling on the CPU stands in for CUDA's: an inf gradient is skipped and counted, a
     finite step breaks the run of skips, and the watch stops the run at its limit."""

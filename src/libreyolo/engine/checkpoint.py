@@ -212,29 +212,6 @@ def _owning(value: Any) -> Any:
     return map_tensors(value, lambda t: t.clone() if t.untyped_storage().nbytes() > t.nbytes else t)
 
 
-def finite_storages(*states: Any) -> bool:
-    """True when every floating-point tensor in `states` is finite, from one check per storage.
-
-    A detached training state holds each part's tensors as views of one buffer per dtype
-    (engine/state.py): YOLOv9-t's weights and EMA, 2,234 tensors, are then two checks instead of
-    2,234 small ones. A storage is checked whole, so a NaN or an inf anywhere in it, even in bytes
-    no tensor covers, gives False: the caller then checks tensor by tensor (diverge.nonfinite),
-    and only that check decides."""
-    whole: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
-
-    def note(t: torch.Tensor) -> None:
-        if not t.is_floating_point():
-            return
-        storage = t.untyped_storage()
-        key = (storage.data_ptr(), t.device, t.dtype)
-        if key not in whole:
-            whole[key] = t.new_empty(0).set_(storage, 0, (storage.nbytes() // t.element_size(),))
-
-    for state in states:
-        map_tensors(state, note)
-    return all(bool(torch.isfinite(t).all()) for t in whole.values())
-
-
 def map_tensors(value: Any, tensor: Callable[[torch.Tensor], Any],
                 other: Callable[[Any], Any] = lambda v: v) -> Any:
     """`value` with its dicts, lists and tuples rebuilt, `tensor` applied to each tensor and `other`

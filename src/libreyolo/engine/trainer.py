@@ -334,8 +334,7 @@ class Trainer:
         serialised once, to the first path; the others (best.pt, epochN.pt) are byte copies of it."""
         self.checkpoints.wait()
         state = training_state(self, detached=True)
-        if not ckpt_io.finite_storages(state.get("model"), state.get("ema")):  # the tensor by tensor check names them
-            diverge.check_weights(state, f"epoch {self.epoch + 1}, step {self.batch_index + 1}", self._last_good)
+        diverge.check_weights(state, f"epoch {self.epoch + 1}, step {self.batch_index + 1}", self._last_good)
         if paths:
             self.checkpoints.submit(paths[0], state, tag=self.epoch, copies=paths[1:])
 
