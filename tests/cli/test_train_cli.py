@@ -76,6 +76,7 @@ def test_train_two_epochs_then_val(cli, tmp_path, monkeypatch, capsys, one_threa
     subset = [a for a in FAST if not a.startswith("data=")] + [f"data={shapes_subset(tmp_path / 'sub', 16)}"]
     code, stdout, err = run_in_process(["train", *subset, "epochs=1", "val=false"], capsys)
     assert code == 0, err
+    assert " for 1 epoch on " in err and "done: 1 epoch, results in" in err, err
     assert (tmp_path / "runs" / "train" / "exp2" / "weights" / "last.pt").is_file()
     assert stdout.strip().endswith("exp2/weights/last.pt")
 

@@ -117,7 +117,8 @@ def train(ctx: typer.Context,
     if process_rank():
         return  # rank 0 prints the result
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
-    typer.echo(f"done: {result.epochs_run} epochs, results in {result.run_dir}"
+    epochs = f"{result.epochs_run} epoch" + ("s" if result.epochs_run != 1 else "")
+    typer.echo(f"done: {epochs}, results in {result.run_dir}"
                + (f"; {metrics}" if metrics else ""), err=True)
     typer.echo(json.dumps({"run_dir": str(result.run_dir), "best": str(result.best), "task": result.task,
                            "metrics": result.metrics, "timings": result.timings}) if as_json else str(result.best))
@@ -132,8 +133,9 @@ Prints a per-class table on stderr and the headline metrics on stdout: for a det
 instances, P, R, mAP50, mAP50-95 per class and `mAP50-95 ... mAP50 ...`; for a classifier images,
 top-1, top-5 per class and `top-1 ... top-5 ...`; for a point detector images, instances, P, R, F1
 per class (a point within point_dist px of a box centre) and `F1 ... P ... R ...`; for a
-segmentation model pixels, IoU, accuracy per class and `mIoU ... pixel acc ...`. A checkpoint validates at the image size it was trained at, on its training
-dataset, unless imgsz= or data= say otherwise; a log line says which size and dataset it used.
+segmentation model pixels, IoU, accuracy per class and `mIoU ... pixel acc ...`. A checkpoint
+validates at the image size it was trained at, on its training dataset, unless imgsz= or data= say
+otherwise; a log line says which size and dataset it used.
 
 Keys (key=, default, meaning):
 

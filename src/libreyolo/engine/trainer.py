@@ -164,8 +164,9 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
+        epochs = f"{self.cfg.epochs} epoch" + ("s" if self.cfg.epochs != 1 else "")
         log.info(f"training {self.family.display}-{self.size} on {self.data_cfg.name} "
-                 f"({self.train_loader.num_images} train images, {self.task.display}) for {self.cfg.epochs} epochs on "
+                 f"({self.train_loader.num_images} train images, {self.task.display}) for {epochs} on "
                  f"{self._where()}; precision: {self.precision.describe()}; run dir {self.run_dir}")
         self.clock.start_train()
         self._call("before_train")
