@@ -243,6 +243,46 @@ class YOLOStyleModel(nn.Module):
         return self.decode(self.net(images))
 
 
+class DFLDetector(YOLOStyleModel):
+    """An anchor-free single-stage detector whose head gives, per anchor point, 4 x `bins`
+    distance-bin logits (distribution focal loss: Li et al., arXiv 2006.04388) and then the class
+    logits: YOLOv9 and YOLO-NAS. `forward(images)` returns the raw per-level head maps in train mode
+    and `predict(images)` in eval mode; `self.net` is the whole network (what CUDA graphs capture).
+
+    `reg_max` keeps each family's own meaning (the loss reads it): YOLOv9's is the bin count,
+    YOLO-NAS's the largest distance, one less than its bins."""
+
+    def __init__(self, size: str, num_classes: int, net: nn.Module, strides: tuple[int, ...],
+                 reg_max: int, bins: int):
+        super().__init__()
+        self.size = size
+        self.num_classes = num_classes
+        self.strides = strides
+        self.reg_max = reg_max
+        self.bins = bins
+        self.net = net
+        self.anchors = AnchorCache(strides)
+
+    def decode(self, preds: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Raw head maps -> [B, A, 4 + nc]: xyxy boxes in input pixels, then sigmoid scores.
+
+        Decoded in float32 even under autocast: half precision would cost ~0.5 px at 640.
+        """
+        points, strides = self.anchors(preds, torch.float32)
+        with torch.autocast(preds[0].device.type, enabled=False):
+            x = flatten_levels(preds, torch.float32)
+            dist = dfl_decode(x[..., : 4 * self.bins], self.bins)
+            boxes = dist2bbox(dist, points) * strides
+            return torch.cat((boxes, x[..., 4 * self.bins:].sigmoid()), -1)
+
+    def fuse(self) -> DFLDetector:
+        """Deploy form, in place: the network's re-parameterisable blocks merged (`fuse_model_`),
+        BN folded into the convs. Inference only: the folded BN no longer trains, so the model is
+        put in eval mode."""
+        fuse_model_(self.eval().net)
+        return self
+
+
 class PerImageLoss:
     """loss = B * sum_i raw_i / max(sum_i norm_i, 1), from per-image sums computed in float32.
 

@@ -32,15 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common import (
-    AnchorCache,
     ConvBNAct,
-    YOLOStyleModel,
+    DFLDetector,
     build_model,
-    dfl_decode,
-    dist2bbox,
-    flatten_levels,
     fold_bn,
-    fuse_model_,
     prior_prob_bias,
 )
 
@@ -268,39 +263,12 @@ class GELAN(nn.Module):
         return self.head([n3, n4, n5])
 
 
-class YOLO9Model(YOLOStyleModel):
-    """Training model (families/base.py contract): `capturable` is the whole network.
-
-    `forward(images)` returns the raw per-level head maps in train mode and `predict(images)`
-    in eval mode.
-    """
+class YOLO9Model(DFLDetector):
+    """Training model (families/base.py contract): GELAN with a DFL head of REG_MAX bins a side;
+    `fuse()` also merges the RepConvN branches."""
 
     def __init__(self, size: str, num_classes: int):
-        super().__init__()
-        self.size = size
-        self.num_classes = num_classes
-        self.strides = STRIDES
-        self.reg_max = REG_MAX
-        self.net = GELAN(ARCHS[size], num_classes)
-        self.anchors = AnchorCache(STRIDES)
-
-    def decode(self, preds: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Raw head maps -> [B, A, 4 + nc]: xyxy boxes in input pixels, then sigmoid scores.
-
-        Decoded in float32 even under autocast: half precision would cost ~0.5 px at 640.
-        """
-        points, strides = self.anchors(preds, torch.float32)
-        with torch.autocast(preds[0].device.type, enabled=False):
-            x = flatten_levels(preds, torch.float32)
-            dist = dfl_decode(x[..., : 4 * self.reg_max], self.reg_max)
-            boxes = dist2bbox(dist, points) * strides
-            return torch.cat((boxes, x[..., 4 * self.reg_max:].sigmoid()), -1)
-
-    def fuse(self) -> YOLO9Model:
-        """Deploy form, in place: BN folded into convs, RepConvN branches merged. Inference only:
-        the folded BN no longer trains, so the model is put in eval mode."""
-        fuse_model_(self.eval().net)
-        return self
+        super().__init__(size, num_classes, GELAN(ARCHS[size], num_classes), STRIDES, REG_MAX, REG_MAX)
 
 
 def build(size: str, num_classes: int) -> YOLO9Model:

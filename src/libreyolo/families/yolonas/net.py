@@ -49,15 +49,10 @@ from torch import nn
 from ..common import (
     BN_EPS,
     BN_MOMENTUM,
-    AnchorCache,
     ConvBNAct,
-    YOLOStyleModel,
+    DFLDetector,
     build_model,
-    dfl_decode,
-    dist2bbox,
-    flatten_levels,
     fold_bn,
-    fuse_model_,
 )
 
 STRIDES = (8, 16, 32)
@@ -296,39 +291,12 @@ class YOLONASNet(nn.Module):
         return tuple(head(p) for head, p in zip(self.heads, (p3, p4, p5)))
 
 
-class YOLONASModel(YOLOStyleModel):
-    """Training model (families/base.py contract): `capturable` is the whole network.
-
-    `forward(images)` returns the raw per-level head maps in train mode and `predict(images)`
-    in eval mode.
-    """
+class YOLONASModel(DFLDetector):
+    """Training model (families/base.py contract): a DFL head of BINS = REG_MAX + 1 bins a side;
+    `fuse()` makes every QARepVGG block one 3x3 conv."""
 
     def __init__(self, size: str, num_classes: int):
-        super().__init__()
-        self.size = size
-        self.num_classes = num_classes
-        self.strides = STRIDES
-        self.reg_max = REG_MAX
-        self.net = YOLONASNet(ARCHS[size], num_classes)
-        self.anchors = AnchorCache(STRIDES)
-
-    def decode(self, preds: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Raw head maps -> [B, A, 4 + nc]: xyxy boxes in input pixels, then sigmoid scores.
-
-        Decoded in float32 even under autocast: half precision would cost ~0.5 px at 640.
-        """
-        points, strides = self.anchors(preds, torch.float32)
-        with torch.autocast(preds[0].device.type, enabled=False):
-            x = flatten_levels(preds, torch.float32)
-            dist = dfl_decode(x[..., : 4 * BINS], BINS)
-            boxes = dist2bbox(dist, points) * strides
-            return torch.cat((boxes, x[..., 4 * BINS:].sigmoid()), -1)
-
-    def fuse(self) -> YOLONASModel:
-        """Deploy form, in place: every QARepVGG block one 3x3 conv, BN folded into the convs.
-        Inference only: the folded BN no longer trains, so the model is put in eval mode."""
-        fuse_model_(self.eval().net)
-        return self
+        super().__init__(size, num_classes, YOLONASNet(ARCHS[size], num_classes), STRIDES, REG_MAX, BINS)
 
 
 def build(size: str, num_classes: int) -> YOLONASModel:
