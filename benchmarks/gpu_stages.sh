@@ -80,7 +80,7 @@
 #                    generated set at 640, batch 8, workers 8: ARMS comma-separated (ours-graph,
 #                    ours-eager, ours-sgd-graph, peer-default, peer-sgd), SEEDS comma-separated;
 #                    TTA_EXTRA="key=value ..." goes to our arms; results tta_E_<ARMS>.json/.md
-#   parity:ARMS:SEEDS:LANES  accuracy at the defaults on the five generated data regimes, ours against
+#   parity:ARMS:SEEDS:LANES  accuracy at the defaults on the seven generated data regimes, ours against
 #                    the peer, each given only what a user types (benchmarks/parity.py): ARMS comma-
 #                    separated (ours, peer, ours@yolox-t, ours+recipe=published, ...), SEEDS comma-separated,
 #                    LANES runs side by side on the one GPU, each pinned to its share of the cores;

@@ -1,5 +1,5 @@
 """Accuracy at the defaults: our trainer and the peer's (Ultralytics), each given only what a user
-types, on the five generated data regimes of src/libreyolo/data/regimes.py.
+types, on the generated data regimes of src/libreyolo/data/regimes.py.
 
     python benchmarks/parity.py --out parity.json --peer-python /path/to/peer/python \
         [--regimes shapes-dense,shapes-few,...] [--arms ours,peer] [--seeds 0 1 2] [--lanes 8]
@@ -51,6 +51,8 @@ TYPED = {
     "shapes-single": (50, 416, 8),
     "shapes-wide": (40, 384, 8),
     "shapes-clutter": (30, 416, 8),
+    "shapes-large": (40, 256, 8),
+    "shapes-sparse": (30, 320, 8),
 }
 LATE_DROP_LIMIT = 1 / 3  # target: no fall of more than a third from the best in the last third
 
@@ -183,9 +185,10 @@ def targets(rows: list[dict]) -> list[str]:
     above = [r["regime"] for r in ours if r["vs_peer"] > 0]
     drops = [r["regime"] for r in ours if not r["late_drop_ok"]]
     slow = [r["regime"] for r in ours if r["wall_vs_peer"] > 0.5]
+    majority = len(ours) // 2 + 1  # the issue's "3 of the 5", for any number of regimes
     return [f"- ours >= peer - 0.005 on every regime: {'met' if not floor else 'NOT met on ' + ', '.join(floor)}",
-            f"- ours above the peer on at least 3 of {len(ours)}: {'met' if len(above) >= 3 else 'NOT met'} "
-            f"({len(above)}: {', '.join(above)})",
+            f"- ours above the peer on a majority ({majority} of {len(ours)}): "
+            f"{'met' if len(above) >= majority else 'NOT met'} ({len(above)}: {', '.join(above)})",
             f"- no late fall of over a third from the best: {'met' if not drops else 'NOT met on ' + ', '.join(drops)}",
             f"- wall clock <= 0.5x the peer's: {'met' if not slow else 'NOT met on ' + ', '.join(slow)}"]
 

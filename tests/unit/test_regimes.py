@@ -68,6 +68,13 @@ def test_single_wide_and_clutter_are_their_regimes():
     assert _blotchiness(cluttered) > 1.5 * _blotchiness(plain)
 
 
+def test_large_fills_the_image_and_sparse_leaves_images_empty():
+    sides = [max(bw, bh) for _, b in _images("shapes-large", 6) for *_, bw, bh in b]
+    assert sides and min(sides) >= 100 and all(1 <= len(b) <= 3 for _, b in _images("shapes-large", 6))
+    counts = [len(b) for _, b in _images("shapes-sparse", 12)]
+    assert max(counts) <= 2 and 0 in counts and any(counts)
+
+
 def _blotchiness(regime) -> float:
     """How much 24-px block means differ from their neighbours (pixel noise averages out), over
     four backgrounds."""
@@ -101,6 +108,6 @@ def test_a_regime_is_a_dataset_name(tmp_path, monkeypatch):
 
 def test_unknown_builtin_lists_the_regimes(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("builtin: shapes-sparse\npath: x\ntrain: images/train\nval: images/val\nnames: [a]\n")
+    bad.write_text("builtin: shapes-tiny\npath: x\ntrain: images/train\nval: images/val\nnames: [a]\n")
     with pytest.raises(DataError, match="shapes-dense.*shapes-clutter"):
         load_data_config(str(bad))

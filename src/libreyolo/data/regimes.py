@@ -11,11 +11,16 @@ with the `shapes` code (the same classes, colours, anti-aliased edges and exact 
 | `shapes-single`  | one class, aerial-like     | 64 / 16, 416 x 416 tiles      | 1 | 8-30   | 15-80 px |
 | `shapes-wide`    | large non-square images    | 80 / 20, 1280-1600 x 720-900  | 5 | 5-25   | 24-240 px |
 | `shapes-clutter` | textured clutter, decoys   | 96 / 24, 480-640 per side     | 3 | 3-15 (+ 4-14 unlabelled decoys) | 16-120 px |
+| `shapes-large`   | large objects, a few each  | 80 / 20, 480-640 per side     | 6 | 1-3    | 120-450 px |
+| `shapes-sparse`  | mostly empty images        | 96 / 24, 480-640 per side     | 4 | 0-2 (a third of the images none) | 20-100 px |
 
 `shapes-wide` is meant to be trained at a smaller `imgsz` than its images (384: objects shrink
 4x). `shapes-clutter` draws decoys, shapes of the classes it does not label, and adds blotches
 and line strokes to the background, so a detector must tell a target from what only resembles
-one. Every image comes from its own generator seeded with (seed, regime, split, index): two
+one. `shapes-large` is the other end of `shapes-dense`: objects that fill much of the image, so
+the coarsest level and the largest anchors carry the loss. `shapes-sparse` has images without any
+object, so background must be learned as such, and its validation counts the false positives
+those images draw. Every image comes from its own generator seeded with (seed, regime, split, index): two
 generations are byte-identical. Generated on first use, atomically, like `shapes`.
 """
 
@@ -58,6 +63,10 @@ REGIMES: dict[str, Regime] = {
                           (720, 900), (1280, 1600), (5, 25), ((1.0, 24, 240),)),
     "shapes-clutter": Regime(("circle", "triangle", "cross"), 96, 24, (480, 640), (480, 640), (3, 15),
                              ((1.0, 16, 120),), decoys=(4, 14), clutter=True),
+    "shapes-large": Regime(("circle", "square", "triangle", "hexagon", "cross", "diamond"), 80, 20, (480, 640),
+                           (480, 640), (1, 3), ((1.0, 120, 450),)),
+    "shapes-sparse": Regime(("circle", "square", "triangle", "cross"), 96, 24, (480, 640), (480, 640), (0, 2),
+                            ((1.0, 20, 100),)),
 }
 
 
