@@ -18,10 +18,10 @@ with the `shapes` code (the same classes, colours, anti-aliased edges and exact 
 4x). `shapes-clutter` draws decoys, shapes of the classes it does not label, and adds blotches
 and line strokes to the background, so a detector must tell a target from what only resembles
 one. `shapes-large` is the other end of `shapes-dense`: objects that fill much of the image, so
-the coarsest level and the largest anchors carry the loss. `shapes-sparse` has images without any
+the coarsest feature level carries most of the loss. `shapes-sparse` has images without any
 object, so background must be learned as such, and its validation counts the false positives
-those images draw. Every image comes from its own generator seeded with (seed, regime, split, index): two
-generations are byte-identical. Generated on first use, atomically, like `shapes`.
+those images draw. Every image comes from its own generator seeded with (seed, regime, split,
+index): two generations are byte-identical. Generated on first use, atomically, like `shapes`.
 """
 
 from __future__ import annotations
