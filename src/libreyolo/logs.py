@@ -33,6 +33,11 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 epoch', '3 epochs', '0 images': a count and its noun, as every line spells them."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def setup_logging() -> None:
     logger = logging.getLogger(LOGGER)
     if not logger.handlers:

@@ -38,3 +38,9 @@ def test_a_program_that_configured_logging_keeps_it():
         logging.getLogger().handlers.append(mine)
         LibreYOLO("yolo9-t")
         assert logger.handlers == [] and logging.getLogger().handlers == [mine]
+
+
+def test_counted_spells_one_and_many():
+    from libreyolo.logs import counted
+
+    assert (counted(1, "epoch"), counted(0, "image"), counted(3, "time")) == ("1 epoch", "0 images", "3 times")

@@ -69,8 +69,8 @@ def test_single_wide_and_clutter_are_their_regimes():
 
 
 def test_large_fills_the_image_and_sparse_leaves_images_empty():
-    sides = [max(bw, bh) for _, b in _images("shapes-large", 6) for *_, bw, bh in b]
-    assert sides and min(sides) >= 100 and all(1 <= len(b) <= 3 for _, b in _images("shapes-large", 6))
+    large = [b for _, b in _images("shapes-large", 6)]
+    assert all(1 <= len(b) <= 3 for b in large) and min(max(bw, bh) for b in large for *_, bw, bh in b) >= 100
     counts = [len(b) for _, b in _images("shapes-sparse", 12)]
     assert max(counts) <= 2 and 0 in counts and any(counts)
 

@@ -13,7 +13,7 @@ import sys
 import typer
 
 from ..errors import ConfigError, LibreYOLOError
-from ..logs import setup_logging
+from ..logs import counted, setup_logging
 from ..version import __version__
 from .common import EXTRA, process_rank, user_errors
 from .export import EXPORT_HELP, export_command
@@ -117,8 +117,7 @@ def train(ctx: typer.Context,
     if process_rank():
         return  # rank 0 prints the result
     metrics = "  ".join(f"{k} {v:.4f}" for k, v in result.metrics.items() if isinstance(v, float))
-    epochs = f"{result.epochs_run} epoch" + ("s" if result.epochs_run != 1 else "")
-    typer.echo(f"done: {epochs}, results in {result.run_dir}"
+    typer.echo(f"done: {counted(result.epochs_run, 'epoch')}, results in {result.run_dir}"
                + (f"; {metrics}" if metrics else ""), err=True)
     typer.echo(json.dumps({"run_dir": str(result.run_dir), "best": str(result.best), "task": result.task,
                            "metrics": result.metrics, "timings": result.timings}) if as_json else str(result.best))
@@ -251,7 +250,7 @@ def predict(ctx: typer.Context,
             where = f" [frame {result.frame}]" if result.frame is not None else ""
             typer.echo(f"{result.name}{where}: {result.summary()}")
     seconds = time.perf_counter() - start
-    typer.echo(f"done: {n} image{'s' if n != 1 else ''} in {seconds:.1f} s ({n / max(seconds, 1e-9):.1f}/s)"
+    typer.echo(f"done: {counted(n, 'image')} in {seconds:.1f} s ({n / max(seconds, 1e-9):.1f}/s)"
                + (f"; annotated in {saved_dir}" if saved_dir else ""), err=True)
 
 

@@ -25,6 +25,7 @@ from ..atomic import write_json_atomic
 from ..config import TrainConfig
 from ..families import arch_name
 from ..families.base import FamilySpec
+from ..logs import counted
 from ..markers import phase
 from ..tasks.base import TaskSpec
 from . import checkpoint as ckpt_io
@@ -164,9 +165,8 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
-        epochs = f"{self.cfg.epochs} epoch" + ("s" if self.cfg.epochs != 1 else "")
         log.info(f"training {self.family.display}-{self.size} on {self.data_cfg.name} "
-                 f"({self.train_loader.num_images} train images, {self.task.display}) for {epochs} on "
+                 f"({self.train_loader.num_images} train images, {self.task.display}) for {counted(self.cfg.epochs, 'epoch')} on "
                  f"{self._where()}; precision: {self.precision.describe()}; run dir {self.run_dir}")
         self.clock.start_train()
         self._call("before_train")

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..logs import counted
+
 TOP_K = 5  # the classes a classification result lists (to_dict), best first
 
 
@@ -100,4 +102,4 @@ class Result:
             return f"no {what}s"
         counts = torch.bincount(self.classes.cpu(), minlength=len(self.names)).tolist()
         parts = ", ".join(f"{k} {self.label(c)}" for c, k in enumerate(counts) if k)
-        return f"{n} {what}{'s' if n != 1 else ''} ({parts})"
+        return f"{counted(n, what)} ({parts})"

@@ -42,6 +42,7 @@ from ..atomic import write_text_atomic
 from ..config import FIELDS
 from ..engine.run import Hook
 from ..errors import ConfigError, DataError, LibreYOLOError
+from ..logs import counted
 from ..markers import phase
 from ..predict.options import KEYS as PREDICT
 from ..predict.post import PostOptions
@@ -126,7 +127,7 @@ def image_files(source: str | None, task) -> tuple[list[Path], str]:
     if not path.exists() and not any(c in source for c in "*?["):
         raise DataError(f"source '{source}' does not exist")
     files = open_source(source).image_files()  # predict's own listing: sorted, no dot-files, no subfolders
-    return files, f"{source} ({len(files)} image{'s' if len(files) != 1 else ''})"
+    return files, f"{source} ({counted(len(files), 'image')})"
 
 
 class _Cycle:

@@ -50,6 +50,8 @@ batch/imgsz for compute, the batch and conf for postprocess.
 
 from __future__ import annotations
 
+from ..logs import counted
+
 COMPUTE_BOUND_UTIL = 0.80
 LAUNCH_GAP_US = 100.0
 HOST_SYNCS_PER_STEP = 1.0
@@ -72,7 +74,7 @@ def memory_signals(f: dict) -> list[str]:
     out = []
     retries = f.get("alloc_retries") or 0
     if retries >= ALLOC_RETRIES:
-        out.append(f"the caching allocator retried {retries} time{'s' if retries != 1 else ''} in the window (a "
+        out.append(f"the caching allocator retried {counted(retries, 'time')} in the window (a "
                    "cudaMalloc failed: it synchronised, freed its cached blocks and tried again)")
     calls = f.get("alloc_calls_per_step") or 0.0
     if calls >= ALLOC_CALLS_PER_STEP:
