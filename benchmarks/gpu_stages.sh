@@ -369,7 +369,7 @@ for stage in "$@"; do
     left=$(( DEADLINE - $(date +%s) ))
     if [ "$left" -le 5 ]; then echo "SKIPPED $stage (deadline)" | tee -a "$out/skipped.txt"; continue; fi
     echo "== $stage on GPU $gpu ($left s left)"
-    export -f stage_run matrix train recipe_precision install_wheels; export out runs six detrs gpu
+    export -f stage_run matrix train recipe_precision; export out runs six detrs
     timeout "$left" bash -c "stage_run $stage" || echo "stage $stage ended rc=$? (124 = deadline)" | tee -a "$out/skipped.txt"
   else
     echo "== $stage on GPU $gpu"
