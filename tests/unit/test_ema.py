@@ -98,3 +98,23 @@ def test_mismatched_model_is_rejected():
     ema = ModelEMA(tiny_model())
     with pytest.raises(ValueError):
         ema.update(nn.Linear(2, 2))
+
+
+# --- the ema_tau key ---------------------------------------------------------------------------
+
+def test_ema_tau_default_is_the_long_ramp_and_a_short_run_ends_far_below_full_decay():
+    from libreyolo.config import TrainConfig
+    from libreyolo.engine.ema import EMA_TAU
+
+    assert TrainConfig().ema_tau == EMA_TAU == 2000.0
+    ema = ModelEMA(tiny_model(), tau=TrainConfig().ema_tau)
+    assert ema.current_decay(500) == pytest.approx(0.22, abs=0.005)  # what the key's doc says
+
+
+@pytest.mark.parametrize("value", [0, -1, "auto", True])
+def test_ema_tau_bad_values_are_one_line(value):
+    from libreyolo.config import build_config
+    from libreyolo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="bad value for 'ema_tau'"):
+        build_config({"ema_tau": value})

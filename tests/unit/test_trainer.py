@@ -316,14 +316,16 @@ def test_recipe_auto_trains_a_short_run_with_the_generic_augmentation(tmp_path, 
 
     class Look(Hook):
         def before_train(self, trainer) -> None:
-            seen.update(hyp=dict(trainer.train_loader.dataset.hyp), mixup=trainer.train_loader.sampler.mixup)
+            seen.update(hyp=dict(trainer.train_loader.dataset.hyp), mixup=trainer.train_loader.sampler.mixup,
+                        tau=trainer.ema.tau)
 
     data = shapes_subset(tmp_path, 8)
     with caplog.at_level(logging.INFO, logger="libreyolo"):
         result = LibreYOLO("yolo9-t").train(epochs=1, project=str(tmp_path), hooks=[Look()],
-                                            **{**TINY, "data": data, "degrees": 3.0})
+                                            **{**TINY, "data": data, "degrees": 3.0, "ema_tau": 50})
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("recipe=auto")]
     assert len(lines) == 1 and "scale=0.5 mixup=0.0 no_aug_epochs=10 instead of YOLOv9's published" in lines[0]
     assert seen["hyp"]["scale"] == 0.5 and seen["hyp"]["degrees"] == 3.0 and seen["mixup"] == 0.0
     saved = torch.load(result.last, weights_only=False)["config"]
     assert (saved["recipe"], saved["scale"], saved["optimizer"]) == ("generic", 0.5, "adamw")
+    assert seen["tau"] == saved["ema_tau"] == 50.0  # the EMA the run kept ramps as the key says

@@ -52,7 +52,7 @@ def _ours(case: str) -> list[dict]:
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 1))
     optimizer = build_optimizer(model, cfg, device_type="cpu")
     schedule = LRSchedule(optimizer, cfg, steps_per_epoch, accumulate_steps(cfg.batch, cfg.nbs))
-    ema = ModelEMA(model)
+    ema = ModelEMA(model, tau=cfg.ema_tau)
     rows, since = [], 0
     for epoch in range(cfg.epochs):
         for b in range(steps_per_epoch):

@@ -82,7 +82,7 @@ def build_step_context(cfg: TrainConfig, family: FamilySpec, model: nn.Module, d
     if precision.message:
         log.info(precision.message)
     # EMA before graphs: the manager must see the model in its final device and memory format.
-    ema = ModelEMA(model) if cfg.ema else None
+    ema = ModelEMA(model, tau=cfg.ema_tau) if cfg.ema else None
     # compile=true: what the steps run for model.capturable (after the EMA's copy: it stays plain).
     network = compiled_network(model, cfg, family)
     # With cuda_graph off (or unsupported) this is a silent pass-through to `model.capturable`.

@@ -17,6 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+# The ramp's time constant in optimizer steps (config key ema_tau): the value of YOLOv5's ModelEMA,
+# which the peer trainer and the YOLOX, RTMDet (mmdet's ExpMomentumEMA, gamma 2000) and RT-DETR
+# recipes share.
+EMA_TAU = 2000.0
+
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain module under DDP/DataParallel (`.module`) and torch.compile (`._orig_mod`)."""
@@ -37,7 +42,7 @@ class ModelEMA:
     ones. Create it before wrapping the model for CUDA graphs (a graphed module does not copy).
     """
 
-    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0):
+    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = EMA_TAU, updates: int = 0):
         self.ema = copy.deepcopy(unwrap(model)).eval().requires_grad_(False)
         self.decay, self.tau, self.updates = float(decay), float(tau), int(updates)
         self._source: nn.Module | None = None
