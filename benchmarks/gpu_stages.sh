@@ -364,13 +364,21 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
   esac
 }
 
+pack_cut() {  # the run logs of a tta or parity stage that the deadline cut (its own packing never ran)
+  case $1 in
+    tta:*) (cd /tmp/tta 2>/dev/null && shopt -s nullglob && tar czf "$out/tta_cut_logs.tgz" *.log */timings.json */results.csv) ;;
+    parity:*) (cd /tmp/parity 2>/dev/null && tar czf "$out/parity_cut_logs.tgz" logs) ;;
+  esac
+}
+
 for stage in "$@"; do
   if [ -n "${DEADLINE:-}" ]; then
     left=$(( DEADLINE - $(date +%s) ))
     if [ "$left" -le 5 ]; then echo "SKIPPED $stage (deadline)" | tee -a "$out/skipped.txt"; continue; fi
     echo "== $stage on GPU $gpu ($left s left)"
     export -f stage_run matrix train recipe_precision; export out runs six detrs
-    timeout "$left" bash -c "stage_run $stage" || echo "stage $stage ended rc=$? (124 = deadline)" | tee -a "$out/skipped.txt"
+    timeout "$left" bash -c "stage_run $stage" || {
+      echo "stage $stage ended rc=$? (124 = deadline)" | tee -a "$out/skipped.txt"; pack_cut "$stage"; }
   else
     echo "== $stage on GPU $gpu"
     stage_run "$stage"
