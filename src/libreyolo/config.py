@@ -60,7 +60,7 @@ class TrainConfig:
     accumulate: Union[Literal["auto"], int] = _key("auto", "batches whose gradients are summed per optimizer step: N, or auto: round(nbs/batch) in runs of > 10000 optimizer steps; in shorter ones as few as keep the run at 10000 steps, down to 1 (a fine-tune is limited by its step count, not by gradient noise); nbs= given keeps round(nbs/batch)", lo=1, group="optim")
     clip_grad: float = _key(10.0, "max gradient norm (0 = no clipping)", lo=0.0, group="optim")
     ema: bool = _key(True, "keep an exponential moving average of the weights (used for validation)", group="optim")
-    ema_tau: float = _key(2000.0, "the EMA decay's ramp, in optimizer steps: decay = 0.9999 * (1 - exp(-updates / ema_tau)); at 2000 (the peer's) it spans 10000 steps, and a 500-step run ends at decay 0.22 (validation sees nearly the raw weights); smaller ramps faster", above=0.0, group="optim")
+    ema_tau: float = _key(2000.0, "the EMA decay's ramp, in optimizer steps: decay = 0.9999 * (1 - exp(-updates / ema_tau)); at 2000 (YOLOv5's and Ultralytics' value) it spans 10000 steps, and a 500-step run ends at decay 0.22 (validation sees nearly the raw weights); smaller ramps faster", above=0.0, group="optim")
     box: float = _key(7.5, "box (IoU) loss gain", lo=0.0, group="optim")
     cls: float = _key(0.5, "classification loss gain", lo=0.0, group="optim")
     dfl: float = _key(1.5, "distribution focal loss gain", lo=0.0, group="optim")
