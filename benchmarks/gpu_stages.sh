@@ -162,6 +162,14 @@ recipe_precision() {  # recipe_precision MODEL: fp32 where the family's recipe t
 six=fp32,fp32+graph,float16,float16+graph,bfloat16,bfloat16+graph
 detrs="rtdetr-r18 rtdetrv2-r18 dfine-n dfine-s deim-n deim-s rtdetrv4-s deimv2-atto deimv2-femto ec-s ec-m"
 
+pack_logs() {  # pack_logs STAGE FILE: the run logs of a tta or parity stage, at its end or when the deadline cut it
+  case $1 in
+    # nullglob: a peer-only run has no timings.json, and tar exits 2 on a pattern that matched nothing
+    tta:*) (cd /tmp/tta 2>/dev/null && shopt -s nullglob && tar czf "$2" *.log */timings.json */results.csv) ;;
+    parity:*) (cd /tmp/parity 2>/dev/null && tar czf "$2" logs) ;;
+  esac
+}
+
 stage_run() {
   case "$1" in
     tests|tests:*)
@@ -327,8 +335,7 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
         --epochs "$epochs" --seeds ${seeds//,/ } --work /tmp/tta --peer-python /tmp/peer-python \
         --ours-extra ${TTA_EXTRA:-} --out "$out/$tag.json" > "$out/$tag.md"
       cat "$out/$tag.md"
-      # nullglob: a peer-only run has no timings.json, and tar exits 2 on a pattern that matched nothing
-      (cd /tmp/tta && shopt -s nullglob && tar czf "$out/${tag}_logs.tgz" *.log */timings.json */results.csv) ;;
+      pack_logs "$1" "$out/${tag}_logs.tgz" ;;
     parity:*:*:*)
       IFS=: read -r _ arms seeds lanes <<< "$1"
       tag=parity_$(printf %s "$arms" | tr -c 'A-Za-z0-9' '-')
@@ -336,7 +343,7 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
         --lanes "$lanes" --work /tmp/parity --peer-python /tmp/peer-python --out "$out/$tag.json" \
         ${PARITY_REGIMES:+--regimes "$PARITY_REGIMES"} > "$out/$tag.md" 2> "$out/$tag.err"
       cat "$out/$tag.md"
-      (cd /tmp/parity && tar czf "$out/${tag}_logs.tgz" logs) ;;
+      pack_logs "$1" "$out/${tag}_logs.tgz" ;;
     ddp)
       n=$(python3 -c "import torch; print(torch.cuda.device_count())")
       if [ "$n" -lt 2 ]; then echo "SKIPPED ddp: $n GPU(s) visible, it needs 2" | tee -a "$out/skipped.txt"; return 0; fi
@@ -364,21 +371,14 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
   esac
 }
 
-pack_cut() {  # the run logs of a tta or parity stage that the deadline cut (its own packing never ran)
-  case $1 in
-    tta:*) (cd /tmp/tta 2>/dev/null && shopt -s nullglob && tar czf "$out/tta_cut_logs.tgz" *.log */timings.json */results.csv) ;;
-    parity:*) (cd /tmp/parity 2>/dev/null && tar czf "$out/parity_cut_logs.tgz" logs) ;;
-  esac
-}
-
 for stage in "$@"; do
   if [ -n "${DEADLINE:-}" ]; then
     left=$(( DEADLINE - $(date +%s) ))
     if [ "$left" -le 5 ]; then echo "SKIPPED $stage (deadline)" | tee -a "$out/skipped.txt"; continue; fi
     echo "== $stage on GPU $gpu ($left s left)"
-    export -f stage_run matrix train recipe_precision; export out runs six detrs
+    export -f stage_run matrix train recipe_precision pack_logs; export out runs six detrs
     timeout "$left" bash -c "stage_run $stage" || {
-      echo "stage $stage ended rc=$? (124 = deadline)" | tee -a "$out/skipped.txt"; pack_cut "$stage"; }
+      echo "stage $stage ended rc=$? (124 = deadline)" | tee -a "$out/skipped.txt"; pack_logs "$stage" "$out/cut_logs.tgz"; }
   else
     echo "== $stage on GPU $gpu"
     stage_run "$stage"
