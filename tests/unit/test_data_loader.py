@@ -146,7 +146,7 @@ def test_val_batches_map_back_to_original_pixels(data):
     assert seen == list(range(7)) and loader.num_images == 7  # fixed order
 
 
-def test_no_aug_epochs_close_mosaic_in_persistent_workers(data):
+def test_no_aug_epochs_close_mosaic_in_persistent_workers(data, caplog):
     """With every other augmentation off, a closed-mosaic sample is exactly the letterboxed
     image; a mosaic sample is not. Workers persist across epochs, so this only passes if the
     closing reaches them."""
@@ -163,7 +163,11 @@ def test_no_aug_epochs_close_mosaic_in_persistent_workers(data):
     workers = loader.loader._iterator._workers
     assert not any(letterboxed(first))
     assert not any(letterboxed(epoch_batches(loader, 1)))
-    assert all(letterboxed(epoch_batches(loader, 2)))  # the last epoch: mosaic and mixup closed
+    with caplog.at_level(logging.INFO, logger="libreyolo"):
+        assert all(letterboxed(epoch_batches(loader, 2)))  # the last epoch: mosaic and mixup closed
+    # Said once, when it closes (building the loader set epoch 0 quietly).
+    said = [r.getMessage() for r in caplog.records if "mosaic" in r.getMessage()]
+    assert said == ["mosaic and mixup closed for the last 1 epoch (from epoch 3 of 3)"]
     assert loader.loader._iterator._workers is workers  # the same worker processes throughout
 
 

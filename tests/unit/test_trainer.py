@@ -326,6 +326,43 @@ def test_recipe_auto_trains_a_short_run_with_the_generic_augmentation(tmp_path, 
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("recipe=auto")]
     assert len(lines) == 1 and "scale=0.5 mixup=0.0 no_aug_epochs=10 instead of YOLOv9's published" in lines[0]
     assert seen["hyp"]["scale"] == 0.5 and seen["hyp"]["degrees"] == 3.0 and seen["mixup"] == 0.0
+    # The closing is said once, with the count the run trains with (the generic 10), not with the
+    # published 15 of the config the loader was built with before the recipe was chosen.
+    said = [r.getMessage() for r in caplog.records if "mosaic and mixup" in r.getMessage()]
+    assert said == ["mosaic and mixup off: epochs=1 <= no_aug_epochs=10"]
     saved = torch.load(result.last, weights_only=False)["config"]
     assert (saved["recipe"], saved["scale"], saved["optimizer"]) == ("generic", 0.5, "adamw")
+    assert saved["no_aug_epochs"] == 10
     assert seen["tau"] == saved["ema_tau"] == 50.0  # the EMA the run kept ramps as the key says
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["done", "error"])
+def test_the_loaders_worker_processes_stop_when_training_ends(tmp_path, fail):
+    """Persistent workers stop when train() returns or raises, even while something still holds
+    the trainer (here a hook; in a graphed run a closure): left to the loader's collection, a
+    cycle kept them to the interpreter's exit, where each one's join took torch's 5 s timeout."""
+    import multiprocessing
+
+    from libreyolo.engine.hooks import Hook
+
+    held = {}
+
+    class Hold(Hook):
+        def before_train(self, trainer) -> None:
+            held["trainer"] = trainer
+
+        def after_epoch(self, trainer) -> None:
+            held["workers"] = list(trainer.train_loader.loader._iterator._workers)
+            if fail:
+                raise RuntimeError("a failure after the first epoch")
+
+    kw = _small(tmp_path, workers=2, val=True, epochs=1, project=str(tmp_path / "runs"))
+    if fail:
+        with pytest.raises(RuntimeError, match="a failure after the first epoch"):
+            LibreYOLO("yolo9-t").train(hooks=[Hold()], **kw)
+    else:
+        LibreYOLO("yolo9-t").train(hooks=[Hold()], **kw)
+    trainer = held["trainer"]
+    assert held["workers"] and not any(w.is_alive() for w in held["workers"])
+    assert trainer.train_loader.loader._iterator is None and trainer.val_loader.loader._iterator is None
+    assert not multiprocessing.active_children()

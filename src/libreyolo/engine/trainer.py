@@ -23,6 +23,7 @@ from torch import nn
 from .. import signals
 from ..atomic import write_json_atomic
 from ..config import TrainConfig
+from ..data.loader import close_workers
 from ..families import arch_name
 from ..families.base import FamilySpec
 from ..logs import counted
@@ -165,6 +166,13 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
+        try:
+            return self._train()
+        finally:  # an error or a Ctrl-C too: the workers stop now, not at the interpreter's exit
+            close_workers(self.train_loader)
+            close_workers(self.val_loader)
+
+    def _train(self) -> TrainResult:
         log.info(f"training {self.family.display}-{self.size} on {self.data_cfg.name} "
                  f"({self.train_loader.num_images} train images, {self.task.display}) for {counted(self.cfg.epochs, 'epoch')} on "
                  f"{self._where()}; precision: {self.precision.describe()}; run dir {self.run_dir}")
