@@ -3,7 +3,9 @@ hyperparameters and the fallbacks, with a capturer that replays by running the c
 again. The CUDA capture itself is tests/gpu/test_fullstep_gpu.py's."""
 
 import copy
+import gc
 import logging
+import weakref
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from libreyolo.config import build_config
 from libreyolo.engine import builder, fullstep, optim
 from libreyolo.engine.capture_check import CaptureCheck
 from libreyolo.engine.fullstep import WholeStep, bucket_boxes
+from libreyolo.engine.hooks import Hook
 from libreyolo.engine.step import train_step
 from libreyolo.families import REGISTRY, get_family
 
@@ -432,8 +435,8 @@ def test_a_detr_trains_under_whole_step_graphs_as_the_eager_step(monkeypatch):
 
 def test_a_training_run_under_whole_step_graphs_ends_where_the_eager_one_does(tmp_path, monkeypatch):
     """The trainer's wiring: SGD's update waits for the warmup's end (the momentum ramp), the
-    schedule's LRs reach the replayed update, checkpoints hold the groups' host floats, and the
-    run's weights are the eager run's."""
+    schedule's LRs reach the replayed update, checkpoints hold the groups' host floats, the
+    run's weights are the eager run's, and the trainer is freed when the run ends."""
     from testkit import shapes_subset
 
     from libreyolo import LibreYOLO
@@ -453,7 +456,18 @@ def test_a_training_run_under_whole_step_graphs_ends_where_the_eager_one_does(tm
         return ctx
 
     monkeypatch.setattr(trainer_module, "build_step_context", with_whole_step)
-    whole = LibreYOLO("yolo9-t").train(project=str(tmp_path / "whole"), **args)
+    trainers = []
+
+    class Keep(Hook):
+        def before_train(self, trainer) -> None:
+            trainers.append(weakref.ref(trainer))
+
+    gc.disable()  # the trainer must go by its reference count: no cycle through the runner
+    try:
+        whole = LibreYOLO("yolo9-t").train(project=str(tmp_path / "whole"), hooks=[Keep()], **args)
+        assert trainers[0]() is None
+    finally:
+        gc.enable()
     [ctx] = built
     stats = ctx.whole.stats()
     assert stats["update_captured"] and stats["replayed_steps"] >= 4 and stats["eager_updates"] >= 1, stats

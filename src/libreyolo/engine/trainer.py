@@ -12,6 +12,7 @@ import gc
 import logging
 import math
 import time
+import weakref
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -128,7 +129,10 @@ class Trainer:
         # compile=true: the first step compiles the network; its time is said once.
         self._compiling = self.graphs.module is not self.model.capturable
         if self.ctx.whole is not None:  # a captured update bakes SGD's momentum in: not while it ramps
-            self.ctx.whole.ready = lambda: self.schedule.momentum_settled(self.iteration)
+            # Through a weak reference: a closure on the trainer would put it in a cycle that
+            # keeps it, its loaders' workers and its graphs alive after train() returns.
+            trainer = weakref.ref(self)
+            self.ctx.whole.ready = lambda: trainer().schedule.momentum_settled(trainer().iteration)
         self.hooks: list[Hook] = list(hooks) if w.main else []
         self.start_epoch, self.epoch, self.batch_index, self.iteration = 0, 0, 0, 0
         self.start_batch = 0  # a resume from a mid-epoch checkpoint: the first batch of start_epoch
