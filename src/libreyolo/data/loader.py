@@ -204,12 +204,9 @@ def close_workers(loader) -> None:
     there each worker's join waited out torch's 5 s timeout before it was terminated: on an H100,
     16 workers (8 train, 8 val) kept the process of a 45 s training run alive for 78 s more.
     """
-    dl = getattr(loader, "loader", loader)
-    it = getattr(dl, "_iterator", None)  # torch keeps a persistent_workers iterator here
-    if it is not None:
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if callable(shutdown):
-            shutdown()
+    dl = getattr(loader, "loader", loader)  # None (no val loader) passes through
+    if getattr(dl, "_iterator", None) is not None:  # torch keeps a persistent_workers iterator here
+        dl._iterator._shutdown_workers()
         dl._iterator = None
 
 
@@ -269,7 +266,6 @@ class TrainLoader(EpochLoader):
         Before the first epoch only: the workers copy the dataset when they start."""
         self.cfg = cfg
         self.dataset.hyp = {k: float(getattr(cfg, k)) for k in AUG_KEYS}
-        self._closed = False
         self.set_epoch(0, quiet=True)
 
     def set_epoch(self, epoch: int, quiet: bool = False) -> None:
@@ -278,13 +274,13 @@ class TrainLoader(EpochLoader):
         calls are quiet: their config may not be the one the run trains with yet)."""
         cfg = self.cfg
         closed = epoch >= cfg.epochs - cfg.no_aug_epochs
+        if not quiet and closed and not self._closed and (cfg.mosaic or cfg.mixup):
+            if epoch == 0:
+                log.info("mosaic and mixup off: epochs=%d <= no_aug_epochs=%d", cfg.epochs, cfg.no_aug_epochs)
+            else:
+                log.info("mosaic and mixup closed for the last %s (from epoch %d of %d)",
+                         counted(cfg.no_aug_epochs, "epoch"), epoch + 1, cfg.epochs)
         if not quiet:
-            if closed and not self._closed and (cfg.mosaic or cfg.mixup):
-                if epoch == 0:
-                    log.info("mosaic and mixup off: epochs=%d <= no_aug_epochs=%d", cfg.epochs, cfg.no_aug_epochs)
-                else:
-                    log.info("mosaic and mixup closed for the last %s (from epoch %d of %d)",
-                             counted(cfg.no_aug_epochs, "epoch"), epoch + 1, cfg.epochs)
             self._closed = closed
         self.sampler.mosaic = 0.0 if closed else float(cfg.mosaic)
         self.sampler.mixup = 0.0 if closed else float(cfg.mixup)

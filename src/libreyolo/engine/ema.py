@@ -17,10 +17,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-# The ramp's time constant in optimizer steps (config key ema_tau): the value of YOLOv5's ModelEMA,
-# which the peer trainer and the YOLOX, RTMDet (mmdet's ExpMomentumEMA, gamma 2000) and RT-DETR
-# recipes share.
-EMA_TAU = 2000.0
+from ..config import FIELDS
+
+# The ramp's time constant in optimizer steps, the ema_tau key's default (config.py holds the one
+# value): YOLOv5's ModelEMA's, which the peer trainer and the YOLOX, RTMDet (mmdet's ExpMomentumEMA,
+# gamma 2000) and RT-DETR recipes share.
+EMA_TAU: float = FIELDS["ema_tau"].default
 
 
 def unwrap(model: nn.Module) -> nn.Module:
