@@ -38,7 +38,7 @@ test-gpu:  ## on a CUDA machine with the deps present: GPU tests only (LANE=one 
 lint: install
 	$(PY) -m ruff check src tests benchmarks
 
-# 60 epochs at 128 px with batch 8 reach mAP50 ~0.35 on the shapes val split in about 3 minutes
+# 60 epochs at 128 px with batch 8 reached mAP50 0.42 on the shapes val split in about 3 minutes
 # on a 2-core CPU (docs/training-performance.md, "The demo"); a 3-epoch run at 320 px learned nothing.
 demo: install  ## YOLOv9-t from scratch on the built-in shapes data: a few minutes on a 2-core CPU
 	@best=$$(libreyolo train model=yolo9-t data=shapes epochs=60 imgsz=128 batch=8 nbs=8 workers=2 \

@@ -42,10 +42,10 @@
 #                    `profile run` window against the one `bench step` measures (benchmarks/whatif_validate.py):
 #                    whatif/whatif_validate.json (+ .md) and each eager profile.json in whatif/profiles/;
 #                    WHATIF_LEVER=full validates cuda_graph=full against float16+full (whatif_validate_full.*)
-#   bench-detr       bench step for the DETRs (DETR_MODELS, default every one) at batches DETR_BATCHES
+#   bench-detr       bench step for the DETRs (DETR_MODELS, default $detrs below: RF-DETR and DEIMv2 pico/n by name) at batches DETR_BATCHES
 #                    (default 2 4 8), 640: float16 eager and graphed, fp32 where the family's recipe
 #                    trains without AMP (D-FINE, DEIM, RT-DETRv4); 16 steps after 6 warm-up
-#   bench-full       cuda_graph=full against true: every DETR at FULL_BATCHES (default 4 8), YOLOv9-t, YOLOX-t
+#   bench-full       cuda_graph=full against true: the bench-detr list of DETRs at FULL_BATCHES (default 4 8), YOLOv9-t, YOLOX-t
 #                    and RTMDet-t at 8, yolo9-t with full+compile too (FULL_MODELS replaces the whole list);
 #                    float16, fp32 where the recipe trains without AMP; step_full_MODEL.json (REPEAT=3 for
 #                    the targets)
@@ -54,7 +54,7 @@
 #                    (benchmarks/grad_handoff.py), handoff/MODEL.json
 #   assign           the Hungarian solvers at 8 images x 1-7 output sets x 10-100 targets x 300 queries
 #                    (benchmarks/assign_bench.py)
-#   train-detr       every DETR (DETR_MODELS) from scratch on the 800/100 generated set at DETR_IMGSZ
+#   train-detr       the DETRs (DETR_MODELS, default as bench-detr) from scratch on the 800/100 generated set at DETR_IMGSZ
 #                    (default 320), DETR_EPOCHS (default 12) epochs, batch 16, graphed, multi_scale off;
 #                    DETR_PARALLEL=1 trains them side by side on the one GPU (their steps are
 #                    host-bound, so this takes about the time of one; wall times are then shared),
@@ -69,10 +69,10 @@
 #   train-dense      SegFormer-b0 and LingBot-Vision-s from scratch on shapes-seg (128 px) and FOMO-0.35
 #                    on shapes (96 px), graphed, side by side on the one GPU, DENSE_EPOCHS epochs
 #                    (default 50; FOMO at least its recipe's 60), validated every 10: mIoU, F1
-#   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, 100 epochs
+#   train-yolo9      YOLOv9-t from scratch on shapes at 640, float16, eager, 100 epochs
 #   train-yolox      YOLOX-t from scratch on shapes at 640, float16, graphed (capture invalidated
 #                    and re-taken when the L1 branch turns on at no_aug_epochs)
-#   train-rtmdet     RTMDet-t from scratch on shapes at 640, float16
+#   train-rtmdet     RTMDet-t from scratch on shapes at 640, float16, eager
 #   yolox-invalidate YOLOX-t graphed, 12 epochs with no_aug_epochs=4: capture, invalidate, re-capture
 #   finetune         YOLOv9-t: 40 epochs from scratch, then 20-epoch fine-tunes at batch 8, 640,
 #                    workers 4: eager (seeds 0 and 1) and graphed (seed 0); wall time + mAP
@@ -178,7 +178,7 @@ stage_run() {
         --durations-min=1 ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$out/gpu_tests${lane:+_$lane}.txt" | tail -60 ;;
     profile)
       for arm in eager graph; do
-        extra=""; [ "$arm" = graph ] && extra="cuda_graph=true"
+        extra="cuda_graph=false"; [ "$arm" = graph ] && extra="cuda_graph=true"
         (cd /tmp && python3 -m libreyolo profile run shapes --size t imgsz=640 batch=8 amp_dtype=float16 \
           workers=8 project="$runs/profile-$arm" $extra > "$out/profile_$arm.log" 2>&1)
         d=$(ls -d "$runs/profile-$arm"/prof* | tail -1)
@@ -311,12 +311,14 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
         cuda_graph=true &
       wait ;;
     train-yolo9)
-      train yolo9t_640 model=yolo9-t imgsz=640 batch=16 nbs=16 epochs=100 workers=8 eval_interval=10 amp_dtype=float16 ;;
+      train yolo9t_640 model=yolo9-t imgsz=640 batch=16 nbs=16 epochs=100 workers=8 eval_interval=10 amp_dtype=float16 \
+        cuda_graph=false ;;
     train-yolox)
       train yoloxt_640 model=yolox-t imgsz=640 batch=16 nbs=16 epochs=120 workers=8 eval_interval=10 \
         amp_dtype=float16 mixup=0 cuda_graph=true ;;
     train-rtmdet)
-      train rtmdett_640 model=rtmdet-t imgsz=640 batch=16 nbs=16 epochs=120 workers=8 eval_interval=10 amp_dtype=float16 ;;
+      train rtmdett_640 model=rtmdet-t imgsz=640 batch=16 nbs=16 epochs=120 workers=8 eval_interval=10 amp_dtype=float16 \
+        cuda_graph=false ;;
     yolox-invalidate)
       train yoloxt_invalidate model=yolox-t imgsz=640 batch=16 nbs=16 epochs=12 no_aug_epochs=4 workers=8 \
         eval_interval=12 amp_dtype=float16 mixup=0 cuda_graph=true ;;
@@ -324,7 +326,7 @@ from time_to_accuracy import make_data; print(make_data(Path('/tmp/tta'), 800, 1
       train pre_yolo9t model=yolo9-t imgsz=640 batch=16 nbs=16 epochs=40 workers=8 eval_interval=40 amp_dtype=float16
       for run in "eager 0" "graph 0" "eager 1"; do
         set -- $run
-        extra=""; [ "$1" = graph ] && extra="cuda_graph=true"
+        extra="cuda_graph=false"; [ "$1" = graph ] && extra="cuda_graph=true"
         train "ft_$1_seed$2" model="$runs/pre_yolo9t/weights/best.pt" imgsz=640 batch=8 nbs=8 epochs=20 workers=4 \
           eval_interval=20 amp_dtype=float16 seed="$2" $extra
       done ;;
