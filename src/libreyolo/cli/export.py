@@ -51,8 +51,8 @@ Keys (key=, default, meaning):
   check=    true        run the file and compare: boxes within {TOLERANCE['boxes']} px, scores and
                         probabilities within {TOLERANCE['scores']:g}
 
-* the size the checkpoint was trained at (an architecture name: its family's default, 640 for
-detectors, 224 for classifiers).
+* the size the checkpoint was trained at (an architecture name: the size's own default, which
+`libreyolo cfg model=NAME` shows: 640 for most detectors, 224 for classifiers).
 """
 
 
