@@ -33,11 +33,14 @@ def atomic_path(path: str | Path, suffix: str = ".tmp", *, make_dirs: bool = Tru
     The parent folder is created if missing (`make_dirs=False`: never, so a run directory that
     was deleted under a running job is not made again by its next write). The temp file is
     created by the writer (plain open, so it gets the usual umask permissions). An OSError while
-    writing or renaming becomes one WriteError line (`what` names the kind of file in it:
-    "checkpoint"); a folder that cannot be made is left the caller's OSError (a bad project=)."""
+    writing or renaming, or making the folder, becomes one WriteError line (`what` names the kind
+    of file in it: "checkpoint"); `check_writable` refuses most of those before the work."""
     path = Path(path)
     if make_dirs:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise write_error(path, exc, what) from None
     tmp = temp_path(path, suffix)
     try:
         yield tmp
@@ -46,6 +49,27 @@ def atomic_path(path: str | Path, suffix: str = ".tmp", *, make_dirs: bool = Tru
         raise write_error(path, exc, what) from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_writable(path: str | Path, what: str, *, folder: bool = False) -> Path:
+    """Refuse, before any work is done, an output that no write could make: one WriteError line.
+
+    A file (`folder=False`) needs a name and must not be an existing folder; a folder must not be
+    an existing file. Either way the nearest part of the path that exists must be a folder this
+    process may write in (the folders below it are made by the write). `what` names the output in
+    the line ("--save-json file", "project folder")."""
+    path = Path(path).expanduser()
+    if not folder and (path.name in ("", ".", "..") or path.is_dir()):
+        raise WriteError(f"cannot write the {what} {path}: it is a folder; name a file")
+    if folder and path.exists() and not path.is_dir():
+        raise WriteError(f"cannot use the {what} {path}: it is a file, not a folder")
+    start = path if folder else path.parent
+    nearest = next(p for p in (start, *start.parents) if p.exists())  # '.' or '/' at the latest
+    if not nearest.is_dir():
+        raise WriteError(f"cannot write the {what} {path}: {nearest} is a file, not a folder")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise WriteError(f"cannot write the {what} {path}: no permission to write in {nearest}")
+    return path
 
 
 def temp_path(path: Path, suffix: str = ".tmp") -> Path:

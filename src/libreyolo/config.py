@@ -148,9 +148,17 @@ def describe_type(tp: Any) -> str:
 
 
 def unknown_key_message(key: str, allowed: typing.Iterable[str] = FIELDS) -> str:
-    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
-    hint = f" (did you mean '{close[0]}'?)" if close else " (run 'libreyolo cfg' to list every key)"
-    return f"unknown key '{key}'{hint}"
+    """The line for a key nobody knows: the closest allowed key, else where the keys are listed
+    (`libreyolo cfg` for the training keys; a command's own few keys, named in the line)."""
+    allowed = set(allowed)
+    close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.6)
+    if close:
+        hint = f"did you mean '{close[0]}'?"
+    elif allowed >= set(FIELDS):
+        hint = "run 'libreyolo cfg' to list every key"
+    else:
+        hint = f"allowed: {', '.join(sorted(allowed))}"
+    return f"unknown key '{key}' ({hint})"
 
 
 def _check_type(key: str, value: Any, tp: Any) -> Any:

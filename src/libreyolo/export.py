@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_path
+from .atomic import atomic_path, check_writable
 from .errors import ConfigError, LibreYOLOError
 from .version import __version__
 
@@ -306,7 +306,7 @@ def _output_path(model: str, source, format: str, output: str | Path | None) -> 
     if path.suffix in FORMATS.values() and path.suffix != suffix:
         raise ConfigError(f"output={output} names a {path.suffix} file but format={format} writes {suffix}: "
                           f"name it {path.with_suffix(suffix).name}, or pass format={path.suffix[1:]}")
-    return path
+    return check_writable(path, "export file")
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .atomic import check_writable
 from .config import FIELDS, VAL_KEYS, TrainConfig, build_config
 from .errors import CheckpointError, ConfigError, DataError
 from .families import arch_name, get_family
@@ -70,6 +71,7 @@ class LibreYOLO:
         if not user.get("data"):
             raise ConfigError(f"no dataset given: pass data=NAME ({task.data_help})")
         cfg = build_config(user, self.source.defaults)
+        check_writable(cfg.project, "project folder", folder=True)  # before the data is read
         device = select_device(cfg.device)
         distributed.join(cfg, device)
         elastic.shared_store_notice()
@@ -213,6 +215,8 @@ class LibreYOLO:
             raise ConfigError(f"no dataset given: pass data=NAME ({task.data_help})")
         if save_json is not None and task.name != "detect":
             raise ConfigError(f"save_json: COCO results are boxes; a {task.display} model has none")
+        if save_json is not None:  # before the validation, not after it
+            check_writable(save_json, "save_json file")
         user.setdefault("model", self.name)
         cfg = build_config(user, self.source.defaults)
         device = select_device(cfg.device)

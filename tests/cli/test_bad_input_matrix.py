@@ -161,6 +161,12 @@ def _missing_listed(d, i):
     return {"y": _write(d / "data.yaml", f"path: {d}\ntrain: list.txt\nval: list.txt\nnames: [a]\n")}
 
 
+def _a_file(d, i):
+    """A file where an output's folder would go, and an image to predict on."""
+    _write(d / "f.jpg", b"not a folder")
+    return {"img": i.data.parent / "images" / "val" / "0.png"}
+
+
 def _ckpt(edit):
     return lambda d, i: {"c": i.variant(f"v_{d.name}", edit)}
 
@@ -260,7 +266,7 @@ CASES: list[tuple[str, list[str], str, object]] = [
     ("--batch -4", ["train", "--batch", "-4"], "bad value for 'batch': -4", None),
     ("batch=0", ["train", "batch=0"], "bad value for 'batch': 0", None),
     ("batch text", ["train", "batch=abc"], "bad value for 'batch': 'abc' (allowed: int)", None),
-    ("bare --batch", ["train", "--batch"], "bad value for 'batch': 'true' (allowed: int)", None),
+    ("bare --batch", ["train", "--batch"], "'--batch' needs a value: batch=VALUE", None),
     ("imgsz=16", ["train", "imgsz=16"], "bad value for 'imgsz': 16", None),
     ("imgsz=100", [*T, "imgsz=100"], "bad value for 'imgsz': 100 (allowed: a multiple of 32)", None),
     ("lr0=nan", ["train", "lr0=nan"], "bad value for 'lr0': 'nan'", None),
@@ -426,6 +432,22 @@ CASES: list[tuple[str, list[str], str, object]] = [
     ("arms unknown part", ["bench", "step", "model=yolo9-t", "arms=float16+nope"], "unknown arm 'float16+nope'", None),
     ("bench batch > data", ["bench", "step", "model=yolo9-t", "data={data}", "batch=8", "device=cpu"],
      "batch=8 is larger than the 4 usable training images", None),
+    # outputs that no write could make: refused before the work, not a traceback after it
+    ("save-json under a file", ["val", "model={last}", "data={data}", "--save-json", "{d}/f.jpg/x.json", *FAST[:4]],
+     "f.jpg is a file, not a folder", _a_file),
+    ("save-json a folder", ["val", "model={last}", "data={data}", "--save-json", ".", *FAST[:4]],
+     "it is a folder; name a file", None),
+    ("export under a file", ["export", "model={last}", "output={d}/f.jpg/x.onnx"], "f.jpg is a file, not a folder",
+     _a_file),
+    ("data check under a file", ["data", "check", "data={data}", "out={d}/f.jpg/x.html"],
+     "f.jpg is a file, not a folder", _a_file),
+    ("data check a folder", ["data", "check", "data={data}", "out=."], "it is a folder; name a file", None),
+    ("project a file", [*T, "project={d}/f.jpg", *FAST], "cannot use the project folder",
+     _a_file),
+    ("predict project a file", ["predict", "model={last}", "source={img}", "project={d}/f.jpg", "device=cpu"],
+     "f.jpg is a file, not a folder", _a_file),
+    ("cfg json and markdown", ["cfg", "--json", "--markdown"], "--json and --markdown", None),
+    ("data check key", ["data", "check", "data={data}", "foo=1"], "unknown key 'foo' (allowed: data, imgsz, out)", None),
     # the command line's own errors: one line, not four of usage
     ("steps=0", ["bench", "step", "model=yolo9-t", "--steps", "0"], "invalid value for '--steps'", None),
     ("warmup=0", ["bench", "step", "model=yolo9-t", "--warmup", "0"], "invalid value for '--warmup'", None),

@@ -17,7 +17,7 @@ CASES = [
     (["train", "amp_dtype=float8"], "bad value for 'amp_dtype': 'float8' (allowed: float16|bfloat16)"),
     (["train", "lr0=nan"], "bad value for 'lr0': 'nan' (allowed: float)"),
     (["train", "cache=maybe"], "bad value for 'cache': 'maybe' (allowed: auto|false|ram|disk)"),
-    (["train", "--batch"], "bad value for 'batch': 'true' (allowed: int)"),
+    (["train", "--batch"], "'--batch' needs a value: batch=VALUE"),
     (["train", "=3"], "missing key in '=3'"),
     (["val", "epochs=3"], "key 'epochs' does not apply here"),
     (["train", "data=shapes"], "no model given"),

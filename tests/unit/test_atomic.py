@@ -6,8 +6,10 @@ import math
 
 import pytest
 
-from libreyolo.atomic import atomic_path, write_json_atomic, write_text_atomic
+from libreyolo.atomic import atomic_path, check_writable, write_json_atomic, write_text_atomic
 from libreyolo.engine.checkpoint import remove_stale_temps
+from libreyolo.engine.rundir import make_run_dir
+from libreyolo.errors import RunDirError, WriteError
 
 
 def test_writes_replace_the_target_and_leave_no_temp(tmp_path):
@@ -40,3 +42,27 @@ def test_the_temp_name_is_one_remove_stale_temps_finds(tmp_path):
         assert remove_stale_temps(tmp_path) == [tmp]
         raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []  # and any error (here the one raised) removes it
+
+
+def test_check_writable_refuses_what_no_write_could_make(tmp_path):
+    (tmp_path / "f.jpg").write_text("a file")
+    refused = [(tmp_path / "f.jpg" / "x.json", False, "f.jpg is a file, not a folder"),
+               (tmp_path / "f.jpg" / "deeper" / "x.json", False, "f.jpg is a file, not a folder"),
+               (tmp_path, False, "it is a folder; name a file"),
+               (tmp_path / "f.jpg", True, "it is a file, not a folder"),
+               (tmp_path / "f.jpg" / "exp", True, "f.jpg is a file, not a folder")]
+    for path, folder, said in refused:
+        with pytest.raises(WriteError, match=said):
+            check_writable(path, "output", folder=folder)
+    for path, folder in ((tmp_path / "new" / "deep" / "x.json", False), (tmp_path / "f.jpg", False),
+                         (tmp_path / "new" / "run", True), (tmp_path, True)):
+        assert check_writable(path, "output", folder=folder) == path
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.jpg"]  # a check makes nothing
+
+
+def test_a_folder_that_cannot_be_made_is_one_write_error(tmp_path):
+    (tmp_path / "f.jpg").write_text("a file")
+    with pytest.raises(WriteError, match="cannot write .*x.json: .*ENOTDIR|cannot write .*x.json: .*EEXIST"):
+        write_text_atomic(tmp_path / "f.jpg" / "x.json", "{}")
+    with pytest.raises(RunDirError, match="cannot make a run directory under"):
+        make_run_dir(str(tmp_path / "f.jpg"), "exp", exist_ok=False)

@@ -57,10 +57,12 @@ def groups_help(width: int = 100) -> str:
     from ..config import FIELDS
     from ..docs import GROUPS
 
+    column = max(len(title) for title in GROUPS.values()) + 2  # "title: " and the keys after it
     lines = ["\b"]
     for group, title in GROUPS.items():
         keys = " ".join(k for k, f in FIELDS.items() if f.metadata["group"] == group)
-        lines += textwrap.wrap(keys, width, initial_indent=f"  {title.lower() + ':':<15}", subsequent_indent=" " * 17)
+        lines += textwrap.wrap(keys, width, initial_indent=f"  {title.lower() + ':':<{column}}",
+                               subsequent_indent=" " * (column + 2))
     return "\n".join(lines)
 
 
@@ -140,8 +142,8 @@ Keys (key=, default, meaning):
 
 {keys_help(VAL_KEYS, {"data": "ckpt*", "imgsz": "ckpt*|640"})}
 
-* the value the checkpoint was trained with; an architecture name has none (imgsz is then its
-  family's default: 640 for the detectors, 224 for the classifiers).
+* the value the checkpoint was trained with; an architecture name has none (imgsz is then the
+size's own default, which `libreyolo cfg model=NAME` shows).
 """
 
 
@@ -273,6 +275,8 @@ def cfg(model: str = typer.Argument(None, metavar="MODEL",
     10,000 optimizer steps."""
     from ..config import config_table
 
+    if as_json and markdown:
+        raise ConfigError("--json and --markdown are two forms of the same table: choose one")
     sources = None
     if model is not None:
         if markdown:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from ..atomic import check_writable
 from ..logs import setup_logging
 from .common import EXTRA, user_errors
 
@@ -43,6 +44,8 @@ def check(ctx: typer.Context,
     data = _need_data(args)
     check_data(data)
     imgsz = int(args.get("imgsz", 640))
+    if args.get("out"):  # before the images are decoded
+        check_writable(args["out"], "report page")
     report = check_dataset(data, imgsz)
     page = Path(args.get("out") or Path("runs") / "data" / f"{report['data']}_check.html")
     write_page(page, report)

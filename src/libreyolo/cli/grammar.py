@@ -83,6 +83,13 @@ def parse_value(key: str, raw: str, tp: Any = None) -> Any:
     return value if tp is not None else check_value(key, value)  # ranges too: a bad value fails before any work
 
 
+class _Bare(str):
+    """The value of a bare --flag: "true", told apart from a typed `key=true` by its type."""
+
+
+BARE = _Bare("true")
+
+
 def split_pairs(tokens: Iterable[str]) -> list[tuple[str, str]]:
     """Turn CLI tokens into (key, raw value) pairs: `k=v`, `--k v`, `--k=v`, `--flag` (= true)."""
     pairs: list[tuple[str, str]] = []
@@ -99,7 +106,7 @@ def split_pairs(tokens: Iterable[str]) -> list[tuple[str, str]]:
                 key, raw = body, items[i]  # the value may start with '-': --epochs -1
                 i += 1
             else:
-                key, raw = body, "true"  # a bare --flag
+                key, raw = body, BARE  # a bare --flag: true, for a key that takes true
             # `--save-period` means `save_period`; only the key is respelled, never the value
             # (`--data=/a/my-data.yaml`, `--name=my-run`, `--batch=-4` stay as typed).
             key = key.replace("-", "_")
@@ -130,5 +137,13 @@ def parse_overrides(tokens: Iterable[str], allowed: Iterable[str] | None = None,
             raise ConfigError(unknown_key_message(key, allowed_set))
         if key in out:
             raise ConfigError(f"key '{key}' given twice")
-        out[key] = parse_value(key, raw, None if key in FIELDS else types.get(key))
+        tp = None if key in FIELDS else types.get(key)
+        if isinstance(raw, _Bare):
+            try:
+                value = parse_value(key, raw, tp)
+            except ConfigError:
+                value = None
+            if value is not True:  # `--epochs` alone: say what is missing, not "bad value 'true'"
+                raise ConfigError(f"'--{key.replace('_', '-')}' needs a value: {key}=VALUE")
+        out[key] = parse_value(key, raw, tp)
     return out

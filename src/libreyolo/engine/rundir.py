@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from ..atomic import write_text_atomic
+from ..atomic import os_error_text, write_text_atomic
 from ..config import TrainConfig
-from ..errors import LibreYOLOError
+from ..errors import LibreYOLOError, RunDirError
 from ..signals import check
 from .lock import LOCK_NAME, RunLock
 
@@ -35,17 +35,20 @@ def run_dir_candidates(project: str | Path, name: str) -> Iterator[Path]:
 def make_run_dir(project: str, name: str, exist_ok: bool) -> Path:
     """project/name, or project/name2, name3, ... unless exist_ok (created atomically)."""
     root = Path(project)
-    root.mkdir(parents=True, exist_ok=True)
-    if exist_ok:
-        path = root / name
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    for path in run_dir_candidates(root, name):
-        try:
-            path.mkdir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if exist_ok:
+            path = root / name
+            path.mkdir(parents=True, exist_ok=True)
             return path
-        except FileExistsError:
-            continue
+        for path in run_dir_candidates(root, name):
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                continue
+    except OSError as exc:  # a file where a folder should be, no permission: one line
+        raise RunDirError(f"cannot make a run directory under {root}: {os_error_text(exc)}") from None
 
 
 def write_args(run_dir: Path, cfg: TrainConfig) -> None:

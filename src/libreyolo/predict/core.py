@@ -177,15 +177,19 @@ class Predictor:
 def predict(predictor_for, source: Any, options: dict[str, Any]) -> Iterator[Result]:
     """Results for `source` with checked `options` (check_options); annotated files saved when
     options['save']. `predictor_for(options)` supplies the Predictor (cached by the caller)."""
+    from ..atomic import check_writable
     from ..logs import checking_inputs, progress_bar
     from .draw import Saver, annotate, predict_dir
     from .sources import open_source
 
     frames = open_source(source, vid_stride=options["vid_stride"])
+    save_dir = predict_dir(options["project"], options["name"], options["exist_ok"]) if options["save"] else None
+    if save_dir is not None:  # before the model loads
+        check_writable(save_dir, "predict folder", folder=True)
     with checking_inputs():  # a model that fails to build prints its one line, nothing before it
         predictor = predictor_for(options)
     opts = PostOptions(options["conf"], options["iou"], options["max_det"], options["multi_label"])
-    saver = Saver(predict_dir(options["project"], options["name"], options["exist_ok"])) if options["save"] else None
+    saver = Saver(save_dir) if save_dir is not None else None
     show = options["progress"] and frames.kind in ("folder", "glob", "video", "list")
     produced = 0
     with saver if saver is not None else contextlib.nullcontext(), \
