@@ -58,6 +58,14 @@ def test_assigner_hand_worked():
     assert torch.allclose(out.ious, want.float(), atol=1e-5)
 
 
+def test_assigner_min_k_raises_the_floor_of_dynamic_k():
+    """gt0's top IoUs sum to 1.6 (k = 1): a floor of 2 adds its next cheapest candidate, prior 2
+    (IoU 0.556); gt1's k is 2 already, so it keeps priors 3 and 4."""
+    out = assign(*_hand_example(), min_k=2)
+    assert out.fg[0].tolist() == [False, True, True, True, True, False]
+    assert out.labels[0, 2] == 0 and abs(out.ious[0, 2].item() - 120 / 216) < 1e-5
+
+
 def _reference_assign(logits, pd_boxes, points, strides, labels, boxes, valid, topk=13):
     """Per-image loop with boolean indexing, step by step as mmdet's DynamicSoftLabelAssigner."""
     b, a, c = logits.shape

@@ -57,9 +57,10 @@ def soft_class_cost(logits: torch.Tensor, labels: torch.Tensor, ious: torch.Tens
 @torch.no_grad()
 def assign(logits: torch.Tensor, pd_boxes: torch.Tensor, points: torch.Tensor, strides: torch.Tensor,
            gt_labels: torch.Tensor, gt_boxes: torch.Tensor, valid: torch.Tensor,
-           topk: int = TOPK) -> Assignment:
+           topk: int = TOPK, min_k: int = 1) -> Assignment:
     """logits [B, A, C]; pd_boxes [B, A, 4] xyxy pixels; points [A, 2] pixels; strides [A, 1];
-    gt_labels [B, M] int64; gt_boxes [B, M, 4] xyxy pixels; valid [B, M] bool."""
+    gt_labels [B, M] int64; gt_boxes [B, M, 4] xyxy pixels; valid [B, M] bool; min_k: the
+    floor of dynamic k (mmdet's 1)."""
     b, a, c = logits.shape
     m = gt_boxes.shape[1]
     if m == 0:  # static shape check, not a sync
@@ -79,7 +80,7 @@ def assign(logits: torch.Tensor, pd_boxes: torch.Tensor, points: torch.Tensor, s
     cost = torch.where(pair, cost.clamp(max=INF / 2), INF)
 
     k = min(topk, a)
-    dynamic_k = ious.topk(k, -1).values.sum(-1).long().clamp(min=1)  # floor, as int() does
+    dynamic_k = ious.topk(k, -1).values.sum(-1).long().clamp(min=min_k)  # floor, as int() does
     chosen = cost.topk(k, -1, largest=False).indices  # [B, M, k]
     keep = torch.arange(k, device=cost.device) < dynamic_k.unsqueeze(-1)
     match = torch.zeros_like(pair).scatter_(-1, chosen, keep) & pair
