@@ -33,14 +33,12 @@ def atomic_path(path: str | Path, suffix: str = ".tmp", *, make_dirs: bool = Tru
     The parent folder is created if missing (`make_dirs=False`: never, so a run directory that
     was deleted under a running job is not made again by its next write). The temp file is
     created by the writer (plain open, so it gets the usual umask permissions). An OSError while
-    writing or renaming, or making the folder, becomes one WriteError line (`what` names the kind
-    of file in it: "checkpoint"); `check_writable` refuses most of those before the work."""
+    writing or renaming becomes one WriteError line (`what` names the kind of file in it:
+    "checkpoint"); a folder that cannot be made is left the caller's OSError (predict's Saver says
+    it in its own words), and `check_writable` refuses such outputs before the work."""
     path = Path(path)
     if make_dirs:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise write_error(path, exc, what) from None
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path, suffix)
     try:
         yield tmp

@@ -137,13 +137,14 @@ def parse_overrides(tokens: Iterable[str], allowed: Iterable[str] | None = None,
             raise ConfigError(unknown_key_message(key, allowed_set))
         if key in out:
             raise ConfigError(f"key '{key}' given twice")
-        tp = None if key in FIELDS else types.get(key)
-        if isinstance(raw, _Bare):
-            try:
-                value = parse_value(key, raw, tp)
-            except ConfigError:
-                value = None
-            if value is not True:  # `--epochs` alone: say what is missing, not "bad value 'true'"
-                raise ConfigError(f"'--{key.replace('_', '-')}' needs a value: {key}=VALUE")
-        out[key] = parse_value(key, raw, tp)
+        bare = isinstance(raw, _Bare)
+        try:
+            value = parse_value(key, raw, None if key in FIELDS else types.get(key))
+        except ConfigError:
+            if not bare:
+                raise
+            value = None
+        if bare and value is not True:  # `--epochs` alone: say what is missing, not "bad value 'true'"
+            raise ConfigError(f"'--{key.replace('_', '-')}' needs a value: {key}=VALUE")
+        out[key] = value
     return out

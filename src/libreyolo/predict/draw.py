@@ -34,7 +34,7 @@ from torchvision.utils import draw_bounding_boxes, draw_segmentation_masks
 
 from ..atomic import atomic_path
 from ..engine.rundir import run_dir_candidates
-from ..errors import ConfigError, WriteError
+from ..errors import ConfigError
 from .results import TOP_K, Result
 from .sources import DEFAULT_FPS, Frame, import_av
 
@@ -185,9 +185,8 @@ class Saver:
         ConfigError line."""
         try:
             return self._save(frame, annotated)
-        except (OSError, WriteError) as exc:  # WriteError: atomic_path could not make the folder
-            reason = exc.strerror or exc if isinstance(exc, OSError) else str(exc).rsplit(": ", 1)[-1]
-            raise ConfigError(f"cannot write annotated files to {self.save_dir}: {reason} "
+        except OSError as exc:
+            raise ConfigError(f"cannot write annotated files to {self.save_dir}: {exc.strerror or exc} "
                               f"(choose another project= or name=, or save=false)") from None
 
     def _save(self, frame: Frame, annotated: torch.Tensor) -> Path:
