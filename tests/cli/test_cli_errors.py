@@ -128,6 +128,18 @@ def test_val_help_lists_every_key_it_accepts(cli):
     assert {"project", "name", "exist_ok"}.isdisjoint(VAL_KEYS)  # val writes no run directory
 
 
+def test_bench_step_help_lists_the_keys_it_accepts(inproc):
+    from libreyolo.config import FIELDS
+
+    text = inproc("bench", "step", "--help").stdout
+    shown = [line.split()[0][:-1] for line in text.splitlines() if re.match(r"\s+[a-z_]+=\s", line)]
+    assert shown[:2] == ["model", "data"] and set(shown) <= set(FIELDS)  # the table: what the arms change
+    assert any(line.split()[:2] == ["batch=", "16"] for line in text.splitlines())
+    assert "Every key by group" in text and "arms=" in text
+    assert set(FIELDS) <= set(text.replace(":", " ").split())  # every key it parses, by group
+    assert "unknown key 'bogus'" in inproc("bench", "step", "bogus=1").stderr  # and no other
+
+
 def test_cfg_json_parses(inproc):
     import json
 

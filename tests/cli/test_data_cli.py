@@ -19,6 +19,22 @@ def _flawed(root):
     return yaml
 
 
+@pytest.mark.parametrize("command", ["check", "convert"])
+def test_help_lists_the_keys_it_accepts(command, capsys):
+    import re
+
+    code, out, _ = run_in_process(["data", command, "--help"], capsys)
+    assert code == 0 and "Keys (key=, default, meaning):" in out
+    rows = {line.split()[0][:-1]: line for line in out.splitlines() if re.match(r"\s+[a-z_]+=\s", line)}
+    code, _, err = run_in_process(["data", command, "bogus=1"], capsys)
+    allowed = re.search(r"\(allowed: ([a-z_, ]+)\)", err).group(1).split(", ")
+    assert code == 2 and sorted(rows) == allowed  # the table is what the command parses
+    if command == "convert":
+        from libreyolo.data.convert import FORMATS
+
+        assert all(f in rows["to"] for f in FORMATS)
+
+
 def test_check_names_each_problem_and_strict_fails(tmp_path, capsys):
     yaml = _flawed(tmp_path / "d")
     page = tmp_path / "page.html"

@@ -82,6 +82,14 @@ def test_help_explains_every_subcommand(capsys):
         assert code == 0 and all(w in " ".join(out.split()) for w in words), out
 
 
+@pytest.mark.parametrize(("command", "arguments"), [("run", "DATA"), ("infer", "MODEL"), ("summary", "PATH"),
+                                                  ("compare", "A B"), ("phases", "PATH"), ("kernels", "PATH"),
+                                                  ("what-if", "PROFILE"), ("ops", "PROFILE")])
+def test_usage_names_the_arguments_plainly(command, arguments, capsys):
+    code, out, _ = run_in_process(["profile", command, "--help"], capsys)
+    assert code == 0 and out.splitlines()[0] == f"Usage: libreyolo profile {command} [OPTIONS] {arguments}"
+
+
 def test_the_readers_import_no_torch(copy):
     """One real process runs both commands and lists what it imported."""
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")

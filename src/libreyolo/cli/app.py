@@ -15,7 +15,7 @@ import typer
 from ..errors import ConfigError, LibreYOLOError
 from ..logs import counted, setup_logging
 from ..version import __version__
-from .common import EXTRA, process_rank, user_errors
+from .common import EXTRA, groups_help, keys_help, process_rank, user_errors
 from .export import EXPORT_HELP, export_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -38,32 +38,6 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 # The keys `train --help` shows with their defaults: what most runs set (`libreyolo cfg` lists all).
 MOST_USED = ("model", "data", "epochs", "batch", "imgsz", "device", "workers", "amp", "amp_dtype", "cuda_graph",
              "resume", "project", "name")
-
-
-def keys_help(keys, defaults: dict | None = None) -> str:
-    """A help paragraph, one `key=  default  meaning` line per key, kept as laid out (Click's
-    `\\b` marker stops it rewrapping the paragraph)."""
-    from ..config import FIELDS, show_value
-
-    shown = {k: (defaults or {}).get(k, show_value(FIELDS[k].default)) for k in keys}
-    kw, dw = max(len(k) for k in keys) + 1, max(len(v) for v in shown.values())
-    return "\n".join(["\b"] + [f"  {k + '=':<{kw}}  {shown[k]:<{dw}}  {FIELDS[k].metadata['doc']}" for k in keys])
-
-
-def groups_help(width: int = 100) -> str:
-    """Every key, by the groups of docs/hyperparameters.md, names only."""
-    import textwrap
-
-    from ..config import FIELDS
-    from ..docs import GROUPS
-
-    column = max(len(title) for title in GROUPS.values()) + 2  # "title: " and the keys after it
-    lines = ["\b"]
-    for group, title in GROUPS.items():
-        keys = " ".join(k for k, f in FIELDS.items() if f.metadata["group"] == group)
-        lines += textwrap.wrap(keys, width, initial_indent=f"  {title.lower() + ':':<{column}}",
-                               subsequent_indent=" " * (column + 2))
-    return "\n".join(lines)
 
 
 TRAIN_HELP = f"""Train a model: libreyolo train model=yolo9-t data=shapes epochs=10 [key=value ...]

@@ -7,13 +7,38 @@ import json
 import typer
 
 from ..logs import setup_logging
-from .common import EXTRA, user_errors
+from .common import EXTRA, groups_help, keys_help, user_errors
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                         help="Benchmarks whose figures the docs quote.")
 
+# The keys `bench step --help` shows with their defaults: what the arms change, and the batch timed.
+# Every training key is accepted (parse_overrides' default), and the help lists them all by group.
+STEP_KEYS = ("model", "data", "task", "batch", "imgsz", "device", "amp", "amp_dtype", "cuda_graph", "compile",
+             "channels_last")
 
-@bench_app.command(context_settings=EXTRA)
+STEP_HELP = f"""Time the real training step: libreyolo bench step model=yolo9-t batch=8 imgsz=640 [key=value ...]
+
+The dataloader is left out: one real batch of `data` (default: the task's built-in set) is
+replayed. Each arm runs in its own process from the same saved initial state; the fastest and
+median of --steps steps after --warmup are reported, with kernel-busy time and utilisation on
+CUDA, a synced breakdown (forward / loss / backward / optimizer+EMA) and peak memory. Every key
+of `libreyolo cfg` can be set as key=value (or --key value); each arm sets its own keys on top
+(arms=LIST is the same as --arms LIST).
+
+Most used keys (key=, default, meaning):
+
+{keys_help(STEP_KEYS, {"model": "(required)", "data": "built-in*"})}
+
+* the task's built-in set: shapes (detect, points), shapes-cls (classify) or shapes-seg (segment).
+
+Every key by group (`libreyolo cfg` prints each with its default, type and meaning):
+
+{groups_help()}
+"""
+
+
+@bench_app.command(context_settings=EXTRA, help=STEP_HELP)
 @user_errors
 def step(ctx: typer.Context,
          arms: str = typer.Option("eager", help="Comma-separated arms: eager, fp32, float16, bfloat16, graph, full "
@@ -26,14 +51,6 @@ def step(ctx: typer.Context,
          repeat: int = typer.Option(1, min=1, help="Processes per arm, arms interleaved; the median run is "
                                                    "reported with every run's median and the spread."),
          as_json: bool = typer.Option(False, "--json", help="One JSON list of per-arm records on stdout.")) -> None:
-    """Time the real training step: libreyolo bench step model=yolo9-t batch=8 imgsz=640 [key=value ...]
-
-    The dataloader is left out: one real batch of `data` (default: the task's built-in set, shapes or
-    shapes-cls) is replayed. Each arm runs
-    in its own process from the same saved initial state; the fastest and median of --steps steps
-    after --warmup are reported, with kernel-busy time and utilisation on CUDA, a synced breakdown
-    (forward / loss / backward / optimizer+EMA) and peak memory.
-    """
     from ..bench import bench_step, format_table, parse_arms
     from .grammar import parse_overrides
     from .precheck import check_inputs

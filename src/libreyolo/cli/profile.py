@@ -14,7 +14,7 @@ import sys
 import typer
 
 from ..logs import setup_logging
-from .common import EXTRA, user_errors
+from .common import EXTRA, PlainUsage, user_errors
 
 profile_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                           context_settings={"help_option_names": ["-h", "--help"]},
@@ -63,7 +63,7 @@ def resolve_weights(weights: str | None, size: str | None) -> str:
     return weights
 
 
-@profile_app.command(context_settings=EXTRA)
+@profile_app.command(cls=PlainUsage, context_settings=EXTRA)
 @user_errors
 def run(ctx: typer.Context,
         data: str = typer.Argument(..., metavar="DATA", help="Dataset: built-in name (shapes, coco128, shapes-cls, shapes-seg), a dataset yaml, a class-folder dataset for a classifier, or an images/ + masks/ folder for a segmenter."),
@@ -104,7 +104,7 @@ def run(ctx: typer.Context,
         _show_trials(*run_trials(model, data, overrides, repeat), as_json)
 
 
-@profile_app.command(context_settings=EXTRA)
+@profile_app.command(cls=PlainUsage, context_settings=EXTRA)
 @user_errors
 def infer(ctx: typer.Context,
           model: str = typer.Argument(..., metavar="MODEL", help="Model: architecture (yolo9-t), official weights "
@@ -182,7 +182,7 @@ FAIL_IF_HELP = ("A CI gate, repeatable: FIELD OP VALUE (a key of profile_summary
                 "\"utilisation<0.7\" or \"verdict==dataloader-bound\"; exit code 1 when it holds.")
 
 
-@profile_app.command("summary")
+@profile_app.command("summary", cls=PlainUsage)
 @user_errors
 def summary_cmd(path: str = typer.Argument(..., metavar="PATH", help="profile.json or the run directory holding it; "
                                                                    "or a --repeat run's directory or profile_repeat.json."),
@@ -213,7 +213,7 @@ def summary_cmd(path: str = typer.Argument(..., metavar="PATH", help="profile.js
         _gate(failure(gates, summary(data)))
 
 
-@profile_app.command("compare")
+@profile_app.command("compare", cls=PlainUsage)
 @user_errors
 def compare_cmd(a: str = typer.Argument(..., metavar="A", help="The baseline: profile.json or the run directory "
                                                               "holding it."),
@@ -263,7 +263,7 @@ def _gate(failed: str | None) -> None:
         raise typer.Exit(1)
 
 
-@profile_app.command()
+@profile_app.command(cls=PlainUsage)
 @user_errors
 def phases(path: str = typer.Argument(..., metavar="PATH", help="profile.json, or the run directory holding it."),
            as_json: bool = typer.Option(False, "--json", help="The phase rows as JSON.")) -> None:
@@ -278,7 +278,7 @@ def phases(path: str = typer.Argument(..., metavar="PATH", help="profile.json, o
         print_report(profile, file=sys.stdout, sections=("phases",))
 
 
-@profile_app.command()
+@profile_app.command(cls=PlainUsage)
 @user_errors
 def kernels(path: str = typer.Argument(..., metavar="PATH", help="profile.json, or the run directory holding it."),
             top: int = typer.Option(10, "--top", min=1, help="How many rows."),
@@ -294,7 +294,7 @@ def kernels(path: str = typer.Argument(..., metavar="PATH", help="profile.json, 
         print_report(profile, file=sys.stdout, sections=("kernels",), top=top)
 
 
-@profile_app.command("what-if")
+@profile_app.command("what-if", cls=PlainUsage)
 @user_errors
 def what_if_cmd(path: str = typer.Argument(..., metavar="PROFILE", help="profile.json, or the run directory holding "
                                                                       "it (best an eager window: a run on one GPU is graphed by default, so "
@@ -317,7 +317,7 @@ def what_if_cmd(path: str = typer.Argument(..., metavar="PROFILE", help="profile
         print_whatif(result, file=sys.stdout)
 
 
-@profile_app.command()
+@profile_app.command(cls=PlainUsage)
 @user_errors
 def ops(path: str = typer.Argument(..., metavar="PROFILE", help="profile.json, or the run directory holding it."),
         top: int = typer.Option(10, "--top", min=1, help="How many operators."),
