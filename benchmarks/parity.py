@@ -181,6 +181,8 @@ def table(rows: list[dict]) -> str:
 def targets(rows: list[dict]) -> list[str]:
     """The suite's targets, each with whether these results meet it."""
     ours = [r for r in rows if r["arm"] == "ours" and "vs_peer" in r]
+    if not ours:  # the targets compare `ours` with the peer on one regime: nothing to judge
+        return ["- the targets compare the arm `ours` with `peer` on the same regime: these runs have no such pair"]
     floor = [r["regime"] for r in ours if not r["meets_floor"]]
     above = [r["regime"] for r in ours if r["vs_peer"] > 0]
     drops = [r["regime"] for r in ours if not r["late_drop_ok"]]

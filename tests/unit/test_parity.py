@@ -58,3 +58,6 @@ def test_summary_and_targets():
     assert lines[2].endswith("NOT met on b") and lines[3].endswith("NOT met on b")
     one = parity.targets([rows["a", "ours"], rows["a", "peer"]])
     assert one[1] == "- ours above the peer on a majority (1 of 1): met (1: a)" and one[3].endswith("met")
+    families = parity.summarise([_run("a", "ours@yolo7-t", 0, 0.7, 50), _run("b", "ours", 0, 0.8, 40)])
+    assert parity.targets(families) == ["- the targets compare the arm `ours` with `peer` on the same regime: "
+                                        "these runs have no such pair"]
