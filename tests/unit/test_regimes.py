@@ -111,3 +111,17 @@ def test_unknown_builtin_lists_the_regimes(tmp_path):
     bad.write_text("builtin: shapes-tiny\npath: x\ntrain: images/train\nval: images/val\nnames: [a]\n")
     with pytest.raises(DataError, match="shapes-dense.*shapes-clutter"):
         load_data_config(str(bad))
+
+
+@pytest.mark.parametrize("name", regimes.regime_names())
+def test_every_val_split_holds_enough_objects_of_each_class(name):
+    # One box must not move a class's AP far: the val split expects VAL_PER_CLASS objects of each
+    # class, and draws at least half that many of every one (the rendered labels, not the promise).
+    regime = regimes.REGIMES[name]
+    assert regime.val * sum(regime.objects) / 2 / len(regime.classes) >= regimes.VAL_PER_CLASS
+    counts = np.zeros(len(regime.classes), int)
+    for i in range(regime.val):
+        _, rows = regimes.render(regimes.image_rng(name, 0, "val", i), regime)
+        for row in rows:
+            counts[int(row.split()[0])] += 1
+    assert counts.min() >= regimes.VAL_PER_CLASS // 2, counts
