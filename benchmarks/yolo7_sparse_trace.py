@@ -135,16 +135,6 @@ def _probe(model, loader, device) -> dict:
     }
 
 
-def _value(text: str):
-    """A typed key's value: int, float, bool or the string itself."""
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="yolo7-t")
@@ -160,11 +150,12 @@ def main() -> None:
     import torch
 
     from libreyolo import LibreYOLO
+    from libreyolo.cli.grammar import parse_overrides
     from libreyolo.engine.hooks import Hook
 
     steps, updates, head, epochs = [], [], {}, []
     _patch(steps, updates, head)
-    keys = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.overrides)}
+    keys = parse_overrides(args.overrides)  # typed and checked as the CLI does
     name = args.name or f"s{args.seed}" + "".join(f"_{k}{v}" for k, v in keys.items())
     out = Path(args.out)
     ema_dir = out.with_suffix("") if args.save_ema else None
