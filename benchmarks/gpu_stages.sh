@@ -14,6 +14,12 @@
 #   tests:LANE       one lane of them (train, whole, models, predict, profiler: tests/gpu/conftest.py), what
 #                    `make test-gpu LANE=...` runs; its log is gpu_tests_LANE.txt
 #   profile          `libreyolo profile run` YOLOv9-t batch 8 at 640 float16, eager and graphed
+#   profile-compile  `libreyolo profile run` YOLOv9-t batch 8 at 640 float16, eager, with compile=false and
+#                    compile=true: the two kernel lists (profile.json) side by side; the compile arm's
+#                    first step compiles (about 3 minutes with an empty inductor cache)
+#   dip:MODEL:DATA:SEEDS  benchmarks/val_dip_probe.py, the seeds side by side (3 cores and workers=2 each,
+#                    as a parity lane): per validation the EMA, the raw weights and both with BatchNorm
+#                    statistics re-measured, in dip/MODEL_DATA_sSEED.json
 #   bench-t8         bench step YOLOv9-t batch 8: fp32 / float16 / bfloat16, each eager and graphed,
 #                    and float16 in NCHW (channels_last=false), eager and graphed
 #   autotune         bench step batch 8 float16 graphed (ARMS=... for others) of AUTOTUNE_MODELS (default
@@ -186,6 +192,27 @@ stage_run() {
         gzip -c "$d/profile_trace.json" > "$out/profile_$arm/profile_trace.json.gz"
         tail -30 "$out/profile_$arm.log"
       done ;;
+    profile-compile)
+      for arm in eager compile; do
+        extra="compile=false"; [ "$arm" = compile ] && extra="compile=true"
+        (cd /tmp && python3 -m libreyolo profile run shapes --size t imgsz=640 batch=8 amp_dtype=float16 \
+          workers=8 cuda_graph=false project="$runs/profile-$arm" $extra > "$out/profile_$arm.log" 2>&1)
+        d=$(ls -d "$runs/profile-$arm"/prof* | tail -1)
+        mkdir -p "$out/profile_$arm" && cp "$d"/profile.json "$d"/profile_summary.json "$out/profile_$arm/"
+        tail -30 "$out/profile_$arm.log"
+      done ;;
+    dip:*:*:*)
+      IFS=: read -r _ model data seeds <<< "$1"
+      mkdir -p "$out/dip"
+      i=0
+      for s in ${seeds//,/ }; do
+        taskset -c $((3 * i))-$((3 * i + 2)) python3 benchmarks/val_dip_probe.py --model "$model" --data "$data" \
+          --seed "$s" --project "$runs/dip" --out "$out/dip/${model}_${data}_s$s.json" workers=2 \
+          > "$out/dip/${model}_${data}_s$s.log" 2>&1 &
+        i=$((i + 1))
+      done
+      wait
+      tail -n 5 "$out"/dip/*.log ;;
     bench-t8)
       matrix step_yolo9t_b8 --models yolo9-t --batches 8 --arms $six,float16+nchw,float16+nchw+graph ;;
     autotune)
