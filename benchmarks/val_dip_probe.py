@@ -11,7 +11,10 @@ more versions of the weights on the same val loader with the same evaluator:
   raw        the trained weights themselves (not the EMA), their own BatchNorm running statistics;
   ema_recal  the EMA's weights with every BatchNorm's statistics measured again: reset, then a
              cumulative average (momentum None) over the val images, in train mode, no gradient;
-  raw_recal  the same for the trained weights.
+  raw_recal  the same for the trained weights;
+  ema_train  the EMA's weights with the statistics measured on the training images instead, as
+             validation loads images (letterboxed, no augmentation): what a trainer could do
+             before validating without looking at the val split.
 
 The run's own figure (`ema`) is what the trainer validated. So a dip that `ema_recal` does not
 show lies in the running statistics; one that `raw` does not show lies in the average. Per epoch
@@ -94,6 +97,17 @@ def main() -> int:
              "project": args.project, "name": f"{args.model}-{args.data}-s{args.seed}", "exist_ok": True,
              "tensorboard": False, **keys}
     rows: list[dict] = []
+    plain_train: list = []  # the training images as the val loader loads them, built once
+
+    def train_images(trainer):
+        if not plain_train:
+            from libreyolo.data.loader import ValDataset, ValLoader, scan_split
+
+            d = trainer.data_cfg
+            split = scan_split("train", d.train, d.nc, None)
+            plain_train.append(ValLoader(ValDataset(split, int(trainer.cfg.imgsz), cache=trainer.cfg.cache),
+                                         trainer.cfg, int(trainer.cfg.batch)))
+        return plain_train[0]
 
     class Probe(Hook):
         def after_epoch(self, trainer):
@@ -121,12 +135,14 @@ def main() -> int:
                 ema_recal = _recalibrated(ema, trainer.val_loader, trainer.device)
                 row["ema_recal"] = score(ema_recal)
                 row["ema_bn_gap"] = _var_gap(ema, ema_recal)
+                row["ema_train"] = score(_recalibrated(ema, train_images(trainer), trainer.device))
             row["raw_bn_gap"] = _var_gap(raw, raw_recal)
             row["probe_s"] = round(time.time() - t0, 2)
             rows.append(row)
-            print("[probe] epoch {epoch}: ema {e} raw {r} ema_recal {er} raw_recal {rr} gap {g}".format(
+            print("[probe] epoch {epoch}: ema {e} raw {r} ema_recal {er} raw_recal {rr} ema_train {et} gap {g}".format(
                 epoch=row["epoch"], e=row["ema"].get("map50_95"), r=row["raw"].get("map50_95"),
                 er=row.get("ema_recal", {}).get("map50_95"), rr=row["raw_recal"].get("map50_95"),
+                et=row.get("ema_train", {}).get("map50_95"),
                 g=row.get("ema_bn_gap", {}).get("max_log_var_ratio")), flush=True)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({"model": args.model, "data": args.data, "seed": args.seed,
@@ -134,7 +150,7 @@ def main() -> int:
 
     t0 = time.time()
     LibreYOLO(args.model).train(hooks=[Probe()], **train)
-    curve = {k: [r[k]["map50_95"] for r in rows if k in r] for k in ("ema", "raw", "ema_recal", "raw_recal")}
+    curve = {k: [r[k]["map50_95"] for r in rows if k in r] for k in ("ema", "raw", "ema_recal", "raw_recal", "ema_train")}
 
     def dips(c: list[float]) -> int:  # epochs more than a third below both neighbours
         return sum(c[i] < (2 / 3) * min(c[i - 1], c[i + 1]) for i in range(1, len(c) - 1))
