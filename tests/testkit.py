@@ -233,11 +233,12 @@ def train_here(args, **extra):
 
 def patch_half_batch_bn(mp):
     """BatchNorm as two processes compute it: statistics per half batch; running statistics from
-    the first half (rank 0's, which DDP broadcasts to the others before each forward)."""
+    the first half (rank 0's, which DDP broadcasts to the others before each forward). Only in the
+    training steps: precise_bn's measurement (no gradient) runs on rank 0 alone, whole batches."""
     plain = nn.BatchNorm2d.forward
 
     def forward(self, x):
-        if not self.training:
+        if not self.training or not torch.is_grad_enabled():
             return plain(self, x)
         return torch.cat([F.batch_norm(c, self.running_mean if i == 0 else None, self.running_var if i == 0 else None,
                                        self.weight, self.bias, True, self.momentum if i == 0 else 0.0, self.eps)

@@ -18,22 +18,25 @@ from .classify import (
     ClassBatch,
     ClassifyData,
     ClassTargets,
+    build_classify_stats_loader,
     build_classify_train_loader,
     build_classify_val_loader,
     load_classify_data,
 )
 from .dataset_yaml import DataConfig, builtin_names, load_data_config
-from .loader import Batch, TrainLoader, ValLoader, build_train_loader, build_val_loader
+from .loader import Batch, TrainLoader, ValLoader, build_stats_loader, build_train_loader, build_val_loader
 from .segment import (
     SegBatch,
     SegmentData,
     SegTargets,
+    build_segment_stats_loader,
     build_segment_train_loader,
     build_segment_val_loader,
     load_segment_data,
 )
 
 __all__ = ["Batch", "ClassBatch", "ClassTargets", "ClassifyData", "DataConfig", "SegBatch", "SegTargets",
-           "SegmentData", "TrainLoader", "ValLoader", "build_classify_train_loader", "build_classify_val_loader",
-           "build_segment_train_loader", "build_segment_val_loader", "build_train_loader", "build_val_loader",
+           "SegmentData", "TrainLoader", "ValLoader", "build_classify_stats_loader", "build_classify_train_loader", "build_classify_val_loader",
+           "build_segment_stats_loader", "build_segment_train_loader", "build_segment_val_loader",
+           "build_stats_loader", "build_train_loader", "build_val_loader",
            "builtin_names", "load_classify_data", "load_data_config", "load_segment_data"]

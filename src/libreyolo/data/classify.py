@@ -20,6 +20,7 @@ the worker count or rank.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -378,3 +379,12 @@ def build_classify_train_loader(data: ClassifyData, cfg, rank: int = 0, world_si
 
 def build_classify_val_loader(data: ClassifyData, cfg, batch: int | None = None) -> ClassValLoader:
     return ClassValLoader(ClassValDataset(data.val, int(cfg.imgsz)), cfg, int(batch or cfg.batch))
+
+
+def build_classify_stats_loader(data: ClassifyData, cfg, train_loader, images: int) -> ClassValLoader:
+    """`images` training images spread evenly over the split, centre-cropped as validation loads
+    them, read in the main process: where precise_bn measures BatchNorm's statistics."""
+    from .loader import spread
+
+    picked = [data.train[i] for i in spread(len(data.train), images)]
+    return ClassValLoader(ClassValDataset(picked, int(cfg.imgsz)), dataclasses.replace(cfg, workers=0), int(cfg.batch))

@@ -15,6 +15,7 @@ import math
 import os
 import random
 import signal
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -25,7 +26,7 @@ from ..families.base import Targets
 from ..logs import counted
 from .dataset import AUG_KEYS, SampleKey, TrainDataset, ValDataset
 from .dataset_yaml import DataConfig
-from .labels import scan_split
+from .labels import Split, scan_split
 
 log = logging.getLogger("libreyolo")
 
@@ -321,6 +322,38 @@ def build_train_loader(data_cfg: DataConfig, cfg, rank: int = 0, world_size: int
     split = scan_split("train", data_cfg.train, data_cfg.nc, getattr(data_cfg, "annotations", {}).get("train"))
     dataset = TrainDataset(split, int(cfg.imgsz), cfg, seed=int(cfg.seed), cache=cfg.cache)
     return TrainLoader(dataset, cfg, rank, world_size)
+
+
+def spread(n: int, k: int) -> list[int]:
+    """`min(k, n)` indices spread evenly over range(n), in order."""
+    k = min(k, n)
+    return [i * n // k for i in range(k)]
+
+
+class _Picked:
+    """An image cache read at some of its indices: the training images precise_bn measures on,
+    shared with the training dataset's cache (no second copy in memory, nothing decoded twice)."""
+
+    def __init__(self, cache, pick: list[int]):
+        self.cache, self.pick = cache, pick
+
+    def get(self, i: int) -> torch.Tensor:
+        return self.cache.get(self.pick[i])
+
+
+def build_stats_loader(data_cfg: DataConfig, cfg, train_loader, images: int) -> ValLoader:
+    """`images` training images spread evenly over the split (all, if fewer), letterboxed to imgsz
+    without augmentation as validation loads images: where precise_bn measures BatchNorm's
+    statistics (engine/precise_bn.py). Read in the main process from the training dataset's cache,
+    so it starts no workers."""
+    train = train_loader.dataset
+    whole = train.split
+    pick = spread(len(whole), images)
+    split = Split(whole.name, [whole.files[i] for i in pick], [whole.labels[i] for i in pick],
+                  [whole.sizes[i] for i in pick])
+    dataset = ValDataset(split, int(cfg.imgsz), cache=False)
+    dataset.cache = _Picked(train.cache, pick)
+    return ValLoader(dataset, replace(cfg, workers=0), int(cfg.batch))
 
 
 def build_val_loader(data_cfg: DataConfig, cfg, batch: int | None = None) -> ValLoader:

@@ -39,6 +39,7 @@ without the crop's category-ratio retry. Validation and predict resize image (bi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -446,3 +447,12 @@ def build_segment_train_loader(data: SegmentData, cfg, rank: int = 0, world_size
 
 def build_segment_val_loader(data: SegmentData, cfg, batch: int | None = None) -> SegValLoader:
     return SegValLoader(SegValDataset(data, cfg), cfg, int(batch or cfg.batch))
+
+
+def build_segment_stats_loader(data: SegmentData, cfg, train_loader, images: int) -> SegValLoader:
+    """`images` training pairs spread evenly over the split, resized as validation loads them, read
+    in the main process: where precise_bn measures BatchNorm's statistics."""
+    from .loader import spread
+
+    picked = dataclasses.replace(data, val=[data.train[i] for i in spread(len(data.train), images)])
+    return SegValLoader(SegValDataset(picked, cfg), dataclasses.replace(cfg, workers=0), int(cfg.batch))

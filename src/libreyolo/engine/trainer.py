@@ -44,6 +44,7 @@ from .device import device_name, out_of_memory_as_error
 from .graphs import resolve_auto as resolve_graphs
 from .meter import LossMeter
 from .optim import accumulation, resolve_accumulate, resolve_auto
+from .precise_bn import batch_norms, remeasure_
 from .recipe import resolve_recipe
 from .run import Hook
 from .schedule import LRSchedule
@@ -83,6 +84,13 @@ class Trainer:
         self.model = place_model(model, cfg, device)
         self.train_loader = task.train_loader(data_cfg, cfg, w.rank, w.size)
         self.val_loader = task.val_loader(data_cfg, cfg) if cfg.val and w.main else None  # rank 0 validates
+        # precise_bn: where the validated weights' BatchNorm statistics are measured before each validation.
+        self.stats_loader = (task.stats_loader(data_cfg, cfg, self.train_loader, cfg.precise_bn)
+                             if self.val_loader is not None and cfg.precise_bn > 0 and batch_norms(self.model) else None)
+        if self.stats_loader is not None:
+            log.info(f"precise_bn={cfg.precise_bn}: BatchNorm statistics of the validated weights are measured "
+                     f"again on {self.stats_loader.num_images} training images before each validation "
+                     f"(precise_bn=0 keeps the running averages)")
         if w.active:
             self.backend = distributed.init(w, device, cfg.ddp_timeout)
             # Before the EMA copies the model and the optimizer flattens its parameters.
@@ -321,9 +329,12 @@ class Trainer:
 
     # --- validation, checkpoints ----------------------------------------------------------------
     def validate(self) -> dict[str, float]:
-        """Evaluate the EMA weights (else the model) with the task's evaluator; the scalar
-        metrics become `self.metrics`, the rest `self.val_details` (results.html)."""
+        """Evaluate the EMA weights (else the model) with the task's evaluator, their BatchNorm
+        statistics first measured again under precise_bn; the scalar metrics become
+        `self.metrics`, the rest `self.val_details` (results.html)."""
         model = self.ema.ema if self.ema is not None else self.model
+        if self.stats_loader is not None:
+            remeasure_(model, self.stats_loader, self.device, self.precision.dtype)
         metrics = self.task.evaluate(model, self.val_loader, self.device, self.cfg, amp_dtype=self.precision.dtype,
                                      names=self.data_cfg.names, progress=False)
         self.clock.val_images += int(metrics.get("num_images", 0))

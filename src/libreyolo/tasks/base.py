@@ -5,7 +5,9 @@ one line. The step, precision, CUDA graphs, DDP and the profiler never look at t
 batch with `images` (uint8 [B, 3, S, S]) and `targets` (anything with `.to(device)`), a model that
 follows the family contract (families/base.py) and a criterion. What the task decides:
 
-- its data: how `data=` resolves (`load_data`), the loaders and their batch type;
+- its data: how `data=` resolves (`load_data`), the loaders and their batch type, and
+  `stats_loader`: some training images loaded as validation loads images, where `precise_bn`
+  measures BatchNorm's statistics before each validation (engine/precise_bn.py);
 - its evaluation: `evaluate` (model, loader, device, cfg, ...) -> metrics, the scalar metric names
   (`metrics`, headline first) and how they are shown (`labels`), the non-scalar results that feed
   results.html (`detail_keys`), and `fitness`, the one number that picks best.pt;
@@ -44,6 +46,8 @@ class TaskSpec:
     load_data: Callable[[str], Any]             # data= -> a dataset with .name, .names (class names)
     train_loader: Callable[..., Any]            # (data, cfg, rank, world_size) -> training loader
     val_loader: Callable[..., Any]              # (data, cfg, batch=None) -> validation loader
+    stats_loader: Callable[..., Any]            # (data, cfg, train_loader, images) -> that many training
+                                                # images as validation loads them (precise_bn)
     evaluate: Callable[..., dict[str, Any]]     # (model, loader, device, cfg, *, amp_dtype, names, progress)
     table: Callable[[dict[str, Any]], tuple[list[str], list[list[str]]]]  # metrics -> per-class (head, rows)
     table_note: str                             # what the table's figures mean (val's title, results.html)

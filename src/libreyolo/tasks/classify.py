@@ -38,6 +38,7 @@ SPEC = TaskSpec(
     load_data=lazy("libreyolo.data", "load_classify_data"),
     train_loader=lazy("libreyolo.data", "build_classify_train_loader"),
     val_loader=lazy("libreyolo.data", "build_classify_val_loader"),
+    stats_loader=lazy("libreyolo.data", "build_classify_stats_loader"),
     evaluate=_evaluate,
     table=lazy("libreyolo.eval.table", "classify_table"),
     table_note="top-1: the highest score is the label; top-5: the label is among the 5 highest",

@@ -42,6 +42,7 @@ SPEC = TaskSpec(
     load_data=lazy("libreyolo.data", "load_data_config"),
     train_loader=lazy("libreyolo.data", "build_train_loader"),
     val_loader=lazy("libreyolo.data", "build_val_loader"),
+    stats_loader=lazy("libreyolo.data", "build_stats_loader"),
     evaluate=_evaluate,
     table=lazy("libreyolo.eval.table", "detect_table"),
     table_note=("P and R at the confidence where the mean F1 is highest; mAP at IoU 0.5 and 0.5:0.95 (COCO, "

@@ -35,6 +35,7 @@ SPEC = TaskSpec(
     load_data=lazy("libreyolo.data", "load_data_config"),
     train_loader=lazy("libreyolo.data", "build_train_loader"),
     val_loader=lazy("libreyolo.data", "build_val_loader"),
+    stats_loader=lazy("libreyolo.data", "build_stats_loader"),
     evaluate=_evaluate,
     table=lazy("libreyolo.eval.table", "points_table"),
     table_note=("a point at confidence above conf is a true positive within point_dist px (network input) of a "

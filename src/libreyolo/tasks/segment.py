@@ -42,6 +42,7 @@ SPEC = TaskSpec(
     load_data=lazy("libreyolo.data.segment", "load_segment_data"),
     train_loader=lazy("libreyolo.data.segment", "build_segment_train_loader"),
     val_loader=lazy("libreyolo.data.segment", "build_segment_val_loader"),
+    stats_loader=lazy("libreyolo.data.segment", "build_segment_stats_loader"),
     evaluate=_evaluate,
     table=lazy("libreyolo.eval.table", "segment_table"),
     table_note=("IoU = TP / (TP + FP + FN) per class over the whole val set at imgsz x imgsz; mIoU the mean over "
