@@ -16,7 +16,8 @@ more versions of the weights on the same val loader with the same evaluator:
              validation loads images (letterboxed, no augmentation): what a trainer could do
              before validating without looking at the val split.
 
-The run's own figure (`ema`) is what the trainer validated. So a dip that `ema_recal` does not
+The run's own figure (`ema`) is what the trainer validated, with the running averages (the probe
+trains with `precise_bn=0` unless told otherwise, so `ema_train` is what the default measures). So a dip that `ema_recal` does not
 show lies in the running statistics; one that `raw` does not show lies in the average. Per epoch
 it also keeps, over all BatchNorm layers, the largest |log(running_var / re-measured var)| of the
 EMA and which layer holds it. Nothing of this touches the training: the hook works on copies, and
@@ -95,7 +96,7 @@ def main() -> int:
     epochs, imgsz, batch = TYPED.get(args.data, (30, 320, 8))
     train = {"data": args.data, "epochs": epochs, "imgsz": imgsz, "batch": batch, "seed": args.seed,
              "project": args.project, "name": f"{args.model}-{args.data}-s{args.seed}", "exist_ok": True,
-             "tensorboard": False, **keys}
+             "tensorboard": False, "precise_bn": 0, **keys}
     rows: list[dict] = []
     plain_train: list = []  # the training images as the val loader loads them, built once
 
