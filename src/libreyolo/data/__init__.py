@@ -36,7 +36,8 @@ from .segment import (
 )
 
 __all__ = ["Batch", "ClassBatch", "ClassTargets", "ClassifyData", "DataConfig", "SegBatch", "SegTargets",
-           "SegmentData", "TrainLoader", "ValLoader", "build_classify_stats_loader", "build_classify_train_loader", "build_classify_val_loader",
+           "SegmentData", "TrainLoader", "ValLoader", "build_classify_stats_loader", "build_classify_train_loader",
+           "build_classify_val_loader",
            "build_segment_stats_loader", "build_segment_train_loader", "build_segment_val_loader",
            "build_stats_loader", "build_train_loader", "build_val_loader",
            "builtin_names", "load_classify_data", "load_data_config", "load_segment_data"]
