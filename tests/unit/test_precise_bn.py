@@ -48,16 +48,17 @@ def test_the_statistics_become_the_mean_of_the_batches_and_nothing_else_changes(
     model = Tiny(sync).eval()
     weights = {k: v.clone() for k, v in model.state_dict().items() if "running" not in k and "num_batches" not in k}
     buffers = [t.data_ptr() for b in batch_norms(model) for t in (b.running_mean, b.running_var)]
-    loader = _batches(3)
-    assert remeasure_(model, loader, CPU) == 6
+    loader = _batches(2, b=4) + _batches(1, b=2)  # a short last batch counts for its images
+    assert remeasure_(model, loader, CPU) == 10
     # In place: a captured EMA update (cuda_graph=full) keeps writing into the same tensors.
     assert buffers == [t.data_ptr() for b in batch_norms(model) for t in (b.running_mean, b.running_var)]
     # Each batch normalised by its own statistics (train-mode BN), each batch one estimate.
     conv = model.net[0]
     with torch.no_grad():
         x = [conv(b.images.float() / 255) for b in loader]
-    means = torch.stack([t.mean((0, 2, 3)) for t in x]).mean(0)
-    variances = torch.stack([t.var((0, 2, 3), unbiased=True) for t in x]).mean(0)
+    w = torch.tensor([0.4, 0.4, 0.2]).unsqueeze(1)
+    means = (torch.stack([t.mean((0, 2, 3)) for t in x]) * w).sum(0)
+    variances = (torch.stack([t.var((0, 2, 3), unbiased=True) for t in x]) * w).sum(0)
     first = model.net[1]
     torch.testing.assert_close(first.running_mean, means, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(first.running_var, variances, rtol=1e-5, atol=1e-6)
@@ -118,7 +119,7 @@ def test_the_detection_stats_loader_reads_spread_training_images_as_validation_d
     data = load_data_config(shapes_subset(tmp_path, 10))
     cfg = build_config(dict(imgsz=64, batch=3, workers=2, cache="ram"))
     train = build_train_loader(data, cfg)
-    stats = build_stats_loader(data, cfg, train, 4)
+    stats = build_stats_loader(data, cfg, train, 4, 3)
     assert spread(10, 4) == [0, 2, 5, 7] and spread(3, 8) == [0, 1, 2]
     assert stats.num_images == 4 and stats.loader.num_workers == 0  # no worker processes of its own
     assert stats.dataset.cache.cache is train.dataset.cache  # the training images' cache, not a copy
@@ -140,11 +141,11 @@ def test_the_classify_and_segment_stats_loaders_pick_training_images():
 
     cfg = build_config(dict(imgsz=64, batch=4, workers=2))
     cls = load_classify_data("shapes-cls")
-    loader = build_classify_stats_loader(cls, cfg, None, 6)
+    loader = build_classify_stats_loader(cls, cfg, None, 6, 4)
     assert loader.num_images == 6 and loader.dataset.files[0] == cls.train[0][0]
     assert next(iter(loader)).images.shape == (4, 3, 64, 64)
     seg = load_segment_data("shapes-seg")
-    loader = build_segment_stats_loader(seg, cfg, None, 5)
+    loader = build_segment_stats_loader(seg, cfg, None, 5, 4)
     assert loader.num_images == 5 and loader.dataset.files[0] == seg.train[0][0]
     assert next(iter(loader)).images.shape == (4, 3, 64, 64)
 

@@ -381,10 +381,10 @@ def build_classify_val_loader(data: ClassifyData, cfg, batch: int | None = None)
     return ClassValLoader(ClassValDataset(data.val, int(cfg.imgsz)), cfg, int(batch or cfg.batch))
 
 
-def build_classify_stats_loader(data: ClassifyData, cfg, train_loader, images: int) -> ClassValLoader:
+def build_classify_stats_loader(data: ClassifyData, cfg, train_loader, images: int, batch: int) -> ClassValLoader:
     """`images` training images spread evenly over the split, centre-cropped as validation loads
     them, read in the main process: where precise_bn measures BatchNorm's statistics."""
     from .loader import spread
 
     picked = [data.train[i] for i in spread(len(data.train), images)]
-    return ClassValLoader(ClassValDataset(picked, int(cfg.imgsz)), dataclasses.replace(cfg, workers=0), int(cfg.batch))
+    return ClassValLoader(ClassValDataset(picked, int(cfg.imgsz)), dataclasses.replace(cfg, workers=0), int(batch))

@@ -341,7 +341,7 @@ class _Picked:
         return self.cache.get(self.pick[i])
 
 
-def build_stats_loader(data_cfg: DataConfig, cfg, train_loader, images: int) -> ValLoader:
+def build_stats_loader(data_cfg: DataConfig, cfg, train_loader, images: int, batch: int) -> ValLoader:
     """`images` training images spread evenly over the split (all, if fewer), letterboxed to imgsz
     without augmentation as validation loads images: where precise_bn measures BatchNorm's
     statistics (engine/precise_bn.py). Read in the main process from the training dataset's cache,
@@ -353,7 +353,7 @@ def build_stats_loader(data_cfg: DataConfig, cfg, train_loader, images: int) -> 
                   [whole.sizes[i] for i in pick])
     dataset = ValDataset(split, int(cfg.imgsz), cache=False)
     dataset.cache = _Picked(train.cache, pick)
-    return ValLoader(dataset, replace(cfg, workers=0), int(cfg.batch))
+    return ValLoader(dataset, replace(cfg, workers=0), int(batch))
 
 
 def build_val_loader(data_cfg: DataConfig, cfg, batch: int | None = None) -> ValLoader:

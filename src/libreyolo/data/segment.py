@@ -449,10 +449,10 @@ def build_segment_val_loader(data: SegmentData, cfg, batch: int | None = None) -
     return SegValLoader(SegValDataset(data, cfg), cfg, int(batch or cfg.batch))
 
 
-def build_segment_stats_loader(data: SegmentData, cfg, train_loader, images: int) -> SegValLoader:
+def build_segment_stats_loader(data: SegmentData, cfg, train_loader, images: int, batch: int) -> SegValLoader:
     """`images` training pairs spread evenly over the split, resized as validation loads them, read
     in the main process: where precise_bn measures BatchNorm's statistics."""
     from .loader import spread
 
     picked = dataclasses.replace(data, val=[data.train[i] for i in spread(len(data.train), images)])
-    return SegValLoader(SegValDataset(picked, cfg), dataclasses.replace(cfg, workers=0), int(cfg.batch))
+    return SegValLoader(SegValDataset(picked, cfg), dataclasses.replace(cfg, workers=0), int(batch))

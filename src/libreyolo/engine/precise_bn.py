@@ -29,6 +29,12 @@ from torch import nn
 
 from ..eval.loop import to_input
 
+# The measurement's batch (the training batch where that is larger): one batch is one estimate, and a
+# larger one's variance is nearer the images' as a whole (the average of per-batch variances falls
+# short of it by the variance of the batch means); on a GPU its eager forward costs little more
+# launching than a small one's, so fewer batches cost less.
+STATS_BATCH = 32
+
 
 def batch_norms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
     """The BatchNorm layers that keep running statistics (SyncBatchNorm included)."""
@@ -39,8 +45,9 @@ def batch_norms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
 @torch.no_grad()
 def remeasure_(model: nn.Module, loader: Iterable, device: torch.device,
                amp_dtype: torch.dtype | None = None) -> int:
-    """Replace the running statistics of `model`'s BatchNorms, in place, by their plain average over
-    `loader`'s batches (each batch one estimate, as the running average takes them). Runs
+    """Replace the running statistics of `model`'s BatchNorms, in place, by their average over
+    `loader`'s batches (each batch one estimate, as the running average takes them, weighted by
+    its images). Runs
     `model.capturable` (the whole network, or the part that holds every BatchNorm) with only the
     BatchNorms in training mode; `model` is left in eval mode. Returns the images seen (0: none,
     or no BatchNorm, and nothing changed)."""
@@ -61,14 +68,16 @@ def remeasure_(model: nn.Module, loader: Iterable, device: torch.device,
     autocast = (torch.autocast("cuda", dtype=amp_dtype) if cuda and amp_dtype is not None
                 else contextlib.nullcontext())
     try:
-        for k, batch in enumerate(loader):
+        for batch in loader:
+            n = int(batch.images.shape[0])
             for b in norms:
-                # running <- (1 - m) * running + m * batch with m = 1 / (k + 1): the mean of the
-                # k + 1 batches so far, with no counter buffer (our families keep none).
-                b.momentum = 1.0 / (k + 1)
+                # running <- (1 - m) * running + m * batch with m = n / (seen + n): the mean of the
+                # batches so far, each weighted by its images (a short last batch counts for less),
+                # with no counter buffer (our families keep none).
+                b.momentum = n / (seen + n)
             with autocast:
                 model.capturable(to_input(batch.images, device))
-            seen += int(batch.images.shape[0])
+            seen += n
         done = True
     finally:
         for b, m in zip(norms, momenta):

@@ -44,7 +44,7 @@ from .device import device_name, out_of_memory_as_error
 from .graphs import resolve_auto as resolve_graphs
 from .meter import LossMeter
 from .optim import accumulation, resolve_accumulate, resolve_auto
-from .precise_bn import batch_norms, remeasure_
+from .precise_bn import STATS_BATCH, batch_norms, remeasure_
 from .recipe import resolve_recipe
 from .run import Hook
 from .schedule import LRSchedule
@@ -85,7 +85,8 @@ class Trainer:
         self.train_loader = task.train_loader(data_cfg, cfg, w.rank, w.size)
         self.val_loader = task.val_loader(data_cfg, cfg) if cfg.val and w.main else None  # rank 0 validates
         # precise_bn: where the validated weights' BatchNorm statistics are measured before each validation.
-        self.stats_loader = (task.stats_loader(data_cfg, cfg, self.train_loader, cfg.precise_bn)
+        self.stats_loader = (task.stats_loader(data_cfg, cfg, self.train_loader, cfg.precise_bn,
+                                               max(int(cfg.batch), STATS_BATCH))
                              if self.val_loader is not None and cfg.precise_bn > 0 and batch_norms(self.model) else None)
         if self.stats_loader is not None:
             log.info(f"precise_bn={cfg.precise_bn}: BatchNorm statistics of the validated weights are measured "

@@ -46,7 +46,7 @@ class TaskSpec:
     load_data: Callable[[str], Any]             # data= -> a dataset with .name, .names (class names)
     train_loader: Callable[..., Any]            # (data, cfg, rank, world_size) -> training loader
     val_loader: Callable[..., Any]              # (data, cfg, batch=None) -> validation loader
-    stats_loader: Callable[..., Any]            # (data, cfg, train_loader, images) -> that many training
+    stats_loader: Callable[..., Any]            # (data, cfg, train_loader, images, batch) -> that many training
                                                 # images as validation loads them (precise_bn)
     evaluate: Callable[..., dict[str, Any]]     # (model, loader, device, cfg, *, amp_dtype, names, progress)
     table: Callable[[dict[str, Any]], tuple[list[str], list[list[str]]]]  # metrics -> per-class (head, rows)
