@@ -103,7 +103,7 @@ class TrainConfig:
     # --- validation ----------------------------------------------------------------------------
     val: bool = _key(True, "validate during training", group="val")
     eval_interval: int = _key(1, "validate every N epochs (and always after the last)", lo=1, group="val")
-    precise_bn: int = _key(256, "before each validation, measure the validated weights' BatchNorm statistics again on this many training images (spread over the split, loaded as validation loads images; all if fewer) instead of keeping the running averages of the augmented training batches; best.pt and last.pt keep them. 0 keeps the running averages. Costs one forward pass of those images a validation, in batches of 32 (or the training batch)", lo=0, group="val")
+    precise_bn: int = _key(256, "while mosaic is on, before each validation, measure the validated weights' BatchNorm statistics again on this many training images (spread over the split, loaded as validation loads images; all if fewer) instead of keeping the running averages of the mosaic batches; best.pt and last.pt keep them. After mosaic closes (and for tasks without it) the running averages are kept. 0 keeps the running averages. Costs one forward pass of those images a validation, in batches of 32 (or the training batch)", lo=0, group="val")
     conf: float = _key(0.001, "validation confidence threshold", lo=0.0, hi=1.0, group="val", val=True)
     iou: float = _key(0.7, "validation NMS IoU threshold", lo=0.0, hi=1.0, group="val", val=True)
     max_det: int = _key(300, "maximum detections per image", lo=1, group="val", val=True)

@@ -39,8 +39,8 @@ ARGS = ["model=yolo9-t", "device=cpu", "workers=0", "imgsz=64", "batch=16", "epo
         "save_period=1", "ddp_timeout=60",
         # The comparisons are of training. precise_bn's statistics (validation's only) of the EMA,
         # measured on two batches of 32 maps of 2x2 at stride 32, came 1.7e-3 of their size apart
-        # between the runs where the running averages agree to 6e-5 (measured); tests/unit/test_precise_bn.py
-        # tests the measurement, and test_elastic_cli.py's multi-process runs keep it on.
+        # between the runs where the running averages agree to 6e-5 (measured). Rank 0 alone measures,
+        # as it alone validates; the measurement itself is tests/unit/test_precise_bn.py's.
         "precise_bn=0"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 

@@ -150,7 +150,7 @@ def test_the_classify_and_segment_stats_loaders_pick_training_images():
     assert next(iter(loader)).images.shape == (4, 3, 64, 64)
 
 
-def test_training_measures_before_each_validation_and_says_so_once(tmp_path, monkeypatch, caplog):
+def test_training_measures_while_mosaic_is_on_and_says_so_once(tmp_path, monkeypatch, caplog):
     from libreyolo import LibreYOLO
     from libreyolo.engine import trainer as trainer_module
 
@@ -163,21 +163,25 @@ def test_training_measures_before_each_validation_and_says_so_once(tmp_path, mon
 
     monkeypatch.setattr(trainer_module, "remeasure_", counting)
     (tmp_path / "data").mkdir()
-    args = dict(data=shapes_subset(tmp_path / "data", 6), imgsz=64, batch=4, device="cpu", workers=0, epochs=2)
+    # Mosaic for epochs 1-2, closed for the third.
+    args = dict(data=shapes_subset(tmp_path / "data", 6), imgsz=64, batch=4, device="cpu", workers=0, epochs=3,
+                no_aug_epochs=1)
     seen = []
 
     class Keep(trainer_module.Hook):
-        def after_epoch(self, trainer):
+        def before_train(self, trainer):
             seen.append(trainer.ema.ema)
 
     with caplog.at_level(logging.INFO, logger="libreyolo"):
         LibreYOLO("yolox-n").train(project=str(tmp_path / "on"), hooks=[Keep()], **args)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precise_bn=")]
-    assert lines == ["precise_bn=256: BatchNorm statistics of the validated weights are measured again on 6 "
-                     "training images before each validation (precise_bn=0 keeps the running averages)"]
-    assert [n for _, n in calls] == [6, 6] and all(m is seen[0] for m, _ in calls)  # the EMA, each epoch
+    assert lines == ["precise_bn=256: while mosaic is on, BatchNorm statistics of the validated weights are "
+                     "measured again on 6 training images before each validation (precise_bn=0 keeps the "
+                     "running averages)"]
+    assert [n for _, n in calls] == [6, 6] and all(m is seen[0] for m, _ in calls)  # the EMA, epochs 1-2
     calls.clear()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="libreyolo"):
         LibreYOLO("yolox-n").train(project=str(tmp_path / "off"), precise_bn=0, **args)
+        LibreYOLO("yolox-n").train(project=str(tmp_path / "mosaic0"), mosaic=0.0, **args)
     assert calls == [] and not any(r.getMessage().startswith("precise_bn=") for r in caplog.records)

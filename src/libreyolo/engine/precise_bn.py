@@ -9,7 +9,8 @@ on the one-class regime YOLO-NAS-s's val mAP fell from 0.86 to 0.2-0.4 for singl
 every seed, with its training losses smooth, and scored with statistics measured on the val
 images its curve had no such fall (benchmarks/val_dip_probe.py; docs/accuracy.md).
 
-So before each validation the validated weights (the EMA) get their statistics measured again:
+So before each validation of an epoch that trained with mosaic (the trainer's `_stats_images`
+says why only then) the validated weights (the EMA) get their statistics measured again:
 reset, then a plain average over `N` training images, spread evenly over the split and loaded as
 validation loads images, with no gradient and no other module in training mode. That is
 Detectron2's PreciseBN, here on the inference distribution rather than the augmented one (Wu and

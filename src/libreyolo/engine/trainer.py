@@ -84,14 +84,9 @@ class Trainer:
         self.model = place_model(model, cfg, device)
         self.train_loader = task.train_loader(data_cfg, cfg, w.rank, w.size)
         self.val_loader = task.val_loader(data_cfg, cfg) if cfg.val and w.main else None  # rank 0 validates
-        # precise_bn: where the validated weights' BatchNorm statistics are measured before each validation.
-        self.stats_loader = (task.stats_loader(data_cfg, cfg, self.train_loader, cfg.precise_bn,
-                                               max(int(cfg.batch), STATS_BATCH))
-                             if self.val_loader is not None and cfg.precise_bn > 0 and batch_norms(self.model) else None)
-        if self.stats_loader is not None:
-            log.info(f"precise_bn={cfg.precise_bn}: BatchNorm statistics of the validated weights are measured "
-                     f"again on {self.stats_loader.num_images} training images before each validation "
-                     f"(precise_bn=0 keeps the running averages)")
+        # precise_bn: where the validated weights' BatchNorm statistics are measured (built at the first
+        # validation that measures, `_stats_images`).
+        self.stats_loader = None
         if w.active:
             self.backend = distributed.init(w, device, cfg.ddp_timeout)
             # Before the EMA copies the model and the optimizer flattens its parameters.
@@ -334,8 +329,9 @@ class Trainer:
         statistics first measured again under precise_bn; the scalar metrics become
         `self.metrics`, the rest `self.val_details` (results.html)."""
         model = self.ema.ema if self.ema is not None else self.model
-        if self.stats_loader is not None:
-            remeasure_(model, self.stats_loader, self.device, self.precision.dtype)
+        stats = self._stats_images()
+        if stats is not None:
+            remeasure_(model, stats, self.device, self.precision.dtype)
         metrics = self.task.evaluate(model, self.val_loader, self.device, self.cfg, amp_dtype=self.precision.dtype,
                                      names=self.data_cfg.names, progress=False)
         self.clock.val_images += int(metrics.get("num_images", 0))
@@ -343,6 +339,26 @@ class Trainer:
         self.metrics = self.task.scalars(metrics)
         self.validated_epoch = self.epoch
         return self.metrics
+
+    def _stats_images(self):
+        """precise_bn's images for this validation, or None: only while the epoch trained with mosaic.
+        Then the running averages describe mosaic batches at older weights, and validation's
+        plain images at today's weights come out far from them (YOLO-NAS-s's one-epoch dips).
+        Once mosaic closes, the training batches look like validation's and the averages, of the
+        weights of the last epoch or so, are what the val images would measure; the training
+        images' own statistics come out lower then (their features are fit: YOLOv9-t ended 0.016
+        below with them, docs/accuracy.md), so they are kept. A task without mosaic keeps them."""
+        cfg = self.cfg
+        if (self.val_loader is None or cfg.precise_bn <= 0 or getattr(self.train_loader.sampler, "mosaic", 0.0) <= 0
+                or not batch_norms(self.model)):
+            return None
+        if self.stats_loader is None:
+            self.stats_loader = self.task.stats_loader(self.data_cfg, cfg, self.train_loader, cfg.precise_bn,
+                                                       max(int(cfg.batch), STATS_BATCH))
+            log.info(f"precise_bn={cfg.precise_bn}: while mosaic is on, BatchNorm statistics of the validated "
+                     f"weights are measured again on {self.stats_loader.num_images} training images before each "
+                     f"validation (precise_bn=0 keeps the running averages)")
+        return self.stats_loader
 
     def state_dict(self) -> dict[str, Any]:
         return training_state(self)
