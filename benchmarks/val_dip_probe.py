@@ -10,7 +10,7 @@ more versions of the weights on the same val loader with the same evaluator:
 
   raw        the trained weights themselves (not the EMA), their own BatchNorm running statistics;
   ema_recal  the EMA's weights with every BatchNorm's statistics measured again: reset, then a
-             cumulative average (momentum None) over the val images, in train mode, no gradient;
+             average over the val images, in train mode, no gradient (engine/precise_bn.py's remeasure_);
   raw_recal  the same for the trained weights;
   ema_train  the EMA's weights with the statistics measured on the training images instead, as
              validation loads images (letterboxed, no augmentation): what a trainer could do
@@ -38,26 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def _recalibrated(model, loader, device):
-    """A copy of `model` whose BatchNorm statistics are re-measured on `loader`'s images."""
-    import torch
-
-    from libreyolo.eval.loop import to_input
+    """A copy of `model` whose BatchNorm statistics are re-measured on `loader`'s images (what
+    precise_bn does to the EMA itself)."""
+    from libreyolo.engine.precise_bn import remeasure_
 
     m = copy.deepcopy(model)
-    bns = [b for b in m.modules() if isinstance(b, torch.nn.modules.batchnorm._BatchNorm)]
-    for b in bns:
-        if b.num_batches_tracked is None:  # the model leaves the counter out; a cumulative average needs it
-            b.num_batches_tracked = torch.zeros((), dtype=torch.long, device=b.running_mean.device)
-        b.reset_running_stats()
-        b.momentum = None  # a cumulative average over every batch seen
-    m.eval()
-    for b in bns:
-        b.train()
-    net = getattr(m, "net", m)
-    with torch.no_grad():
-        for batch in loader:
-            net(to_input(batch.images, device))
-    return m.eval()
+    remeasure_(m, loader, device)
+    return m
 
 
 def _var_gap(model, recal) -> dict:
@@ -101,13 +88,9 @@ def main() -> int:
     plain_train: list = []  # the training images as the val loader loads them, built once
 
     def train_images(trainer):
-        if not plain_train:
-            from libreyolo.data.loader import ValDataset, ValLoader, scan_split
-
-            d = trainer.data_cfg
-            split = scan_split("train", d.train, d.nc, None)
-            plain_train.append(ValLoader(ValDataset(split, int(trainer.cfg.imgsz), cache=trainer.cfg.cache),
-                                         trainer.cfg, int(trainer.cfg.batch)))
+        if not plain_train:  # every training image, through the loader precise_bn measures with
+            plain_train.append(trainer.task.stats_loader(trainer.data_cfg, trainer.cfg, trainer.train_loader,
+                                                         len(trainer.train_loader.dataset), int(trainer.cfg.batch)))
         return plain_train[0]
 
     class Probe(Hook):
