@@ -9,12 +9,12 @@ passed to `LibreYOLO(model).train()` as typed). After every validation, a train 
 more versions of the weights on the same val loader with the same evaluator:
 
   raw        the trained weights themselves (not the EMA), their own BatchNorm running statistics;
-  ema_recal  the EMA's weights with every BatchNorm's statistics measured again: reset, then a
+  ema_recal  the EMA's weights with every BatchNorm's statistics measured again: reset, then an
              average over the val images, in train mode, no gradient (engine/precise_bn.py's remeasure_);
   raw_recal  the same for the trained weights;
   ema_train  the EMA's weights with the statistics measured on the training images instead, as
              validation loads images (letterboxed, no augmentation): what a trainer could do
-             before validating without looking at the val split.
+             before validating without looking at the val split (precise_bn does it while mosaic is on).
 
 The run's own figure (`ema`) is what the trainer validated, with the running averages (the probe
 trains with `precise_bn=0` unless told otherwise, so `ema_train` is what the default measures). So a dip that `ema_recal` does not
